@@ -1,0 +1,58 @@
+// The narrow interface every built-in strategy implements, one file per strategy.
+#pragma once
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backends/registry.hpp"
+#include "conformance/artifacts.hpp"
+#include "conformance/model.hpp"
+#include "conformance/plan.hpp"
+
+namespace gradcert {
+
+/// What a rank knows while it runs.
+struct RankContext {
+  const Spec* spec = nullptr;
+  const Plan* plan = nullptr;
+  int rank = 0, world = 1;
+  /// All ranks (null when world == 1). Collectives on it time out after spec.timeout.collective_s.
+  c10::intrusive_ptr<c10d::Backend> pg;
+  /// The planted bug to run with ("" for none): see backends/mutants.md.
+  std::string inject;
+};
+
+/// What one rank produced for one update. Full canonical tensors are needed on rank 0 only.
+struct RankUpdate {
+  RankUpdateRecord record;
+  double loss = 0;            ///< the backend's global loss
+  int64_t valid_targets = 0;  ///< the N it used
+  TensorMap grads, params_after;
+};
+
+/// A training strategy. Defaults fail with a named message, so a backend overrides only
+/// what it supports.
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  /// The name used on the command line and in reports.
+  virtual std::string name() const = 0;
+  /// Throws std::invalid_argument when this strategy cannot run the topology or mutant.
+  virtual void validate(const Plan& plan, int world, const std::string& inject) const;
+  /// Builds the model (from initial_params) and optimizer state on this rank.
+  virtual void setup(RankContext& ctx) = 0;
+  /// Runs one optimizer update (all microsteps of window `update`) on this rank.
+  virtual RankUpdate run_update(RankContext& ctx, int update) = 0;
+};
+
+/// A backend by name; throws std::invalid_argument listing the known names.
+std::unique_ptr<Backend> make_backend(const std::string& name);
+
+/// The D*S/N rule and its planted variants: the factor that multiplies the local loss
+/// sum S_{r,a} of (rank r, microstep a) before backward.
+double loss_scale(const std::string& inject, int dp, int accum, int64_t window_targets, int64_t micro_targets,
+                  int64_t rank_targets);
+
+}  // namespace gradcert

@@ -1,0 +1,66 @@
+// Starting rank processes and watching them: a local launcher and mpirun.
+#pragma once
+#include <chrono>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace gradcert {
+
+/// How rank processes are started.
+enum class LauncherKind { Local, Mpirun };
+
+/// One launch of `world` rank processes of the same program.
+struct LaunchRequest {
+  LauncherKind kind = LauncherKind::Local;
+  int world = 1;
+  /// argv of one rank (argv[0] is the executable path). The local launcher appends
+  /// nothing; ranks learn their rank from the environment (GRADCERT_RANK,
+  /// GRADCERT_WORLD; under mpirun OMPI_COMM_WORLD_RANK / OMPI_COMM_WORLD_SIZE).
+  std::vector<std::string> argv;
+  /// Extra environment for every rank (added to the inherited environment).
+  std::map<std::string, std::string> env;
+  /// Wall-clock limit for the whole group.
+  std::chrono::milliseconds timeout{std::chrono::seconds(120)};
+  /// Folder for per-rank logs: rank<r>.log holds that rank's stdout+stderr
+  /// (for mpirun: mpirun.log holds everything).
+  std::string log_dir;
+};
+
+/// How one rank ended.
+struct RankExit {
+  int rank = -1;
+  bool exited = false;   ///< ended by exit(); `code` is valid
+  int code = 0;
+  int signal = 0;        ///< ended by this signal (0 when exited)
+  bool killed_by_launcher = false;  ///< we killed it after another rank failed or on timeout
+};
+
+/// The outcome of a launch.
+struct LaunchResult {
+  bool ok = false;        ///< every rank exited 0 before the timeout
+  bool timed_out = false;
+  int first_failed_rank = -1;  ///< the first rank seen to fail (-1: none or unknown)
+  std::vector<RankExit> ranks;
+  /// One line a user can act on, naming the rank(s): "rank 1 was killed by signal 9
+  /// (SIGKILL) after 0.8 s; ranks 0 stopped by the launcher", or "timeout after 30 s;
+  /// ranks 1 still running". Followed by the failed rank's log tail.
+  std::string message;
+};
+
+/// Starts the ranks, waits, kills the whole group on the first failure or on timeout,
+/// and reports. Never hangs past `timeout` (+ a short grace for killing).
+LaunchResult launch(const LaunchRequest& request);
+
+/// A TCP port on 127.0.0.1 that was free a moment ago (bind to port 0, read, close).
+int free_local_port();
+
+/// The last `max_lines` lines of a file ("" if it cannot be read).
+std::string file_tail(const std::string& path, int max_lines = 20);
+
+/// This process's rank and world size from GRADCERT_RANK/GRADCERT_WORLD or, under
+/// mpirun, OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE. Throws naming the variable when
+/// neither is set or a value is malformed.
+std::pair<int, int> rank_and_world_from_env();
+
+}  // namespace gradcert

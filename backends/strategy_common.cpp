@@ -1,0 +1,162 @@
+#include "backends/strategy_common.hpp"
+
+#include <torch/csrc/distributed/c10d/Types.hpp>
+
+#include <algorithm>
+#include <cmath>
+
+#include "conformance/dataset.hpp"
+
+namespace gradcert {
+
+std::vector<std::vector<int64_t>> consumed_ids(const Plan& plan, const Window& w, int dp_rank,
+                                               const std::string& inject) {
+  std::vector<std::vector<int64_t>> out(plan.accum);
+  if (inject != "sampler-pad-duplicate" || !w.partial) {
+    for (int a = 0; a < plan.accum; ++a) out[a] = w.slots[dp_rank][a].ids;
+    return out;
+  }
+  // NOTE [sampler-pad-duplicate] A distributed sampler with drop_last=False pads its
+  // index list with its own head so that every replica gets a full batch (torch's
+  // DistributedSampler pads to a multiple of the replicas); here the partial window is
+  // padded to a whole global microbatch (D x B_micro), so examples are seen twice.
+  std::vector<int64_t> padded = w.ids;
+  const size_t global_micro = static_cast<size_t>(plan.dp) * plan.micro;
+  const size_t target = (w.ids.size() + global_micro - 1) / global_micro * global_micro;
+  for (size_t i = 0; padded.size() < target; ++i) padded.push_back(w.ids[i % w.ids.size()]);
+  for (size_t k = 0; k < padded.size(); ++k) {
+    const int a = static_cast<int>(k / (static_cast<size_t>(plan.dp) * plan.micro));
+    const int r = static_cast<int>((k / plan.micro) % plan.dp);
+    if (r == dp_rank && a < plan.accum) out[a].push_back(padded[k]);
+  }
+  return out;
+}
+
+std::pair<double, int64_t> allreduce_sum(RankContext& ctx, double x, int64_t n) {
+  if (!ctx.pg) return {x, n};
+  std::vector<at::Tensor> t{torch::tensor({x, static_cast<double>(n)}, torch::kFloat64)};
+  ctx.pg->allreduce(t, c10d::AllreduceOptions{})->wait();
+  return {t[0][0].item<double>(), static_cast<int64_t>(std::llround(t[0][1].item<double>()))};
+}
+
+double loss_scale(const std::string& inject, int dp, int accum, int64_t window_targets, int64_t micro_targets,
+                  int64_t rank_targets) {
+  auto inv = [](double d) { return d > 0 ? 1.0 / d : 0.0; };
+  if (inject == "local-mean") return inv(static_cast<double>(rank_targets));
+  if (inject == "micro-mean") return inv(static_cast<double>(micro_targets) * accum);
+  if (inject == "double-accum-division") return dp * inv(static_cast<double>(window_targets) * accum);
+  return dp * inv(static_cast<double>(window_targets));
+}
+
+void ReplicaState::setup(RankContext& ctx) {
+  model_ = make_model(ctx.spec->model, initial_params(*ctx.spec), scalar_type(ctx.spec->dtype));
+  // NOTE [mixed precision] bfloat16 runs follow the usual recipe: bf16 weights and
+  // gradients for compute, float32 master weights and optimizer state for the step.
+  if (ctx.spec->dtype == DType::BFloat16)
+    for (auto& p : model_->named_parameters()) master_[p.key()] = p.value().detach().to(torch::kFloat32);
+}
+
+RankUpdate ReplicaState::accumulate(RankContext& ctx, int update) {
+  const Plan& plan = *ctx.plan;
+  const Window& w = plan.windows.at(update);
+  const int dp_rank = plan.dp_rank_of(ctx.rank);
+  RankUpdate out;
+  out.record.update = update;
+  out.record.consumed = consumed_ids(plan, w, dp_rank, ctx.inject);
+
+  std::vector<Batch> batches;
+  int64_t local_targets = 0;
+  for (const auto& ids : out.record.consumed) {
+    batches.push_back(collate(*ctx.spec, ids));
+    const Batch& b = batches.back();
+    if (b.empty()) continue;
+    if (ctx.inject == "pad-as-target")
+      local_targets += b.labels.ne(kIgnoreIndex).logical_or(b.input.eq(kPadToken)).sum().item<int64_t>();
+    else
+      local_targets += b.valid_targets;
+  }
+  // N for the whole window: every rank's count, summed (zero-example ranks join too).
+  int64_t N = allreduce_sum(ctx, 0.0, local_targets).second;
+  if (ctx.inject == "stale-window-count") {
+    if (w.partial && last_full_window_targets_ >= 0) N = last_full_window_targets_;
+  }
+  if (!w.partial) last_full_window_targets_ = N;
+  out.valid_targets = N;
+  out.record.valid_targets = local_targets;
+
+  model_->zero_grad(/*set_to_none=*/false);
+  for (auto& p : model_->parameters())
+    if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
+  for (const Batch& b : batches) {
+    if (b.empty()) continue;
+    auto S = loss_sum(model_, b);
+    const double scale = loss_scale(ctx.inject, plan.dp, plan.accum, N, b.valid_targets, local_targets);
+    (S * scale).backward();
+    out.record.loss_sum += S.item<double>();
+  }
+  return out;
+}
+
+void ReplicaState::sync(RankContext& ctx, RankUpdate& out) {
+  auto [S, unused] = allreduce_sum(ctx, out.record.loss_sum, 0);
+  (void)unused;
+  out.loss = out.valid_targets > 0 ? S / static_cast<double>(out.valid_targets) : 0.0;
+  if (!ctx.pg || ctx.inject == "missing-final-sync") return;
+  torch::NoGradGuard ng;
+  std::vector<torch::Tensor> grads;
+  for (auto& p : model_->parameters()) grads.push_back(p.grad().view({-1}));
+  std::vector<at::Tensor> flat{torch::cat(grads).div_(static_cast<double>(ctx.plan->dp))};
+  ctx.pg->allreduce(flat, c10d::AllreduceOptions{})->wait();
+  int64_t offset = 0;
+  for (auto& p : model_->parameters()) {
+    const auto n = p.numel();
+    p.grad().copy_(flat[0].slice(0, offset, offset + n).view_as(p));
+    offset += n;
+  }
+}
+
+void ReplicaState::step(RankContext& ctx, int update) {
+  if (ctx.rank == 0) grads_before_step_ = grads_of(model_, ctx.spec->dtype);
+  torch::NoGradGuard ng;
+  for (auto& p : model_->named_parameters()) {
+    auto master = master_.find(p.key());
+    if (master == master_.end()) {
+      optimizer_step(ctx.spec->optimizer, update + 1, p.value(), p.value().grad(), slots_[p.key()]);
+      continue;
+    }
+    optimizer_step(ctx.spec->optimizer, update + 1, master->second, p.value().grad().to(torch::kFloat32),
+                   slots_[p.key()]);
+    p.value().copy_(master->second);
+  }
+}
+
+void ReplicaState::collect(RankContext& ctx, RankUpdate& out) {
+  if (!ctx.pg) out.loss = out.valid_targets > 0 ? out.record.loss_sum / static_cast<double>(out.valid_targets) : 0.0;
+  if (ctx.rank != 0) return;
+  out.grads = std::move(grads_before_step_);
+  out.params_after = params_of(model_, ctx.spec->dtype);
+}
+
+std::unique_ptr<Backend> make_single_backend();
+std::unique_ptr<Backend> make_ddp_backend();
+
+std::unique_ptr<Backend> make_backend(const std::string& name) {
+  if (name == "single") return make_single_backend();
+  if (name == "ddp") return make_ddp_backend();
+  std::string known;
+  for (const auto& n : backend_names()) known += (known.empty() ? "" : ", ") + n;
+  throw std::invalid_argument("unknown backend '" + name + "' (built-in: " + known + ")");
+}
+
+void Backend::validate(const Plan& plan, int world, const std::string& inject) const {
+  if (plan.world() != world)
+    throw std::invalid_argument("backend " + name() + ": the plan's topology needs world " +
+                                std::to_string(plan.world()) + ", got " + std::to_string(world));
+  if (!inject.empty()) {
+    auto names = mutant_names(name());
+    if (std::find(names.begin(), names.end(), inject) == names.end())
+      throw std::invalid_argument("backend " + name() + " does not support --inject " + inject);
+  }
+}
+
+}  // namespace gradcert

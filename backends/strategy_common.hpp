@@ -1,0 +1,44 @@
+// Shared pieces of replica-style strategies (single, ddp): a full model per rank that
+// accumulates D*S/N-scaled gradients over the window's microsteps.
+#pragma once
+#include <map>
+#include <string>
+
+#include "backends/backend.hpp"
+
+namespace gradcert {
+
+/// The ids rank `dp_rank` consumes in each microstep of window `w`, after any planted
+/// sampler bug (sampler-pad-duplicate repeats leading examples to even out a partial window).
+std::vector<std::vector<int64_t>> consumed_ids(const Plan& plan, const Window& w, int dp_rank,
+                                               const std::string& inject);
+
+/// Sum-allreduce of a double (and an int64 packed beside it) over ctx.pg; identity at world 1.
+std::pair<double, int64_t> allreduce_sum(RankContext& ctx, double x, int64_t n);
+
+/// A full replica: model, optimizer slots, the window's accumulation.
+class ReplicaState {
+ public:
+  void setup(RankContext& ctx);
+  /// Zeroes gradients and accumulates every microstep of `update` with the D*S/N rule
+  /// (or the planted variant). Computes N by summing local valid-target counts over ranks.
+  RankUpdate accumulate(RankContext& ctx, int update);
+  /// Averages gradients over all ranks through ctx.pg: divide by D, then SUM (Gloo has
+  /// no AVG), as one flat buffer. Also sums the loss over ranks into out.loss.
+  void sync(RankContext& ctx, RankUpdate& out);
+  /// One optimizer step on every parameter.
+  void step(RankContext& ctx, int update);
+  /// Fills out.grads / out.params_after (rank 0 only) and the global loss at world 1.
+  void collect(RankContext& ctx, RankUpdate& out);
+
+  TinyLM& model() { return model_; }
+
+ private:
+  TinyLM model_{nullptr};
+  std::map<std::string, OptimizerSlot> slots_;
+  std::map<std::string, torch::Tensor> master_;  ///< float32 master weights (bfloat16 runs)
+  int64_t last_full_window_targets_ = -1;
+  TensorMap grads_before_step_;
+};
+
+}  // namespace gradcert

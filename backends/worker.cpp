@@ -1,0 +1,95 @@
+#include "backends/worker.hpp"
+
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <chrono>
+#include <csignal>
+#include <iostream>
+#include <thread>
+#include <unistd.h>
+
+#include "backends/backend.hpp"
+#include "backends/launcher.hpp"
+
+namespace gradcert {
+
+namespace {
+
+void maybe_fault(int rank, int update) {
+  const char* f = std::getenv("GRADCERT_FAULT");
+  if (!f) return;
+  char kind[16] = {0};
+  int r = -1, u = -1;
+  if (std::sscanf(f, "%15[a-z]:%d:%d", kind, &r, &u) != 3 || r != rank || u != update) return;
+  const std::string k = kind;
+  std::cerr << "gradcert rank " << rank << ": GRADCERT_FAULT " << f << " fired" << std::endl;
+  if (k == "kill") ::raise(SIGKILL);
+  if (k == "exit") std::_Exit(3);
+  if (k == "hang")
+    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+}
+
+c10::intrusive_ptr<c10d::Backend> make_process_group(int rank, int world, int port, double timeout_s) {
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+  c10d::TCPStoreOptions opts;
+  opts.port = static_cast<uint16_t>(port);
+  opts.isServer = rank == 0;
+  opts.numWorkers = world;
+  opts.waitWorkers = false;
+  opts.timeout = timeout;
+  auto store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", opts);
+  auto pg_opts = c10d::ProcessGroupGloo::Options::create(timeout);
+  pg_opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+  return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world, pg_opts);
+}
+
+}  // namespace
+
+int worker_main(const WorkerArgs& args) {
+  int rank = -1;
+  try {
+    auto [r, world] = rank_and_world_from_env();
+    rank = r;
+    torch::set_num_threads(1);
+    const Spec spec = load_spec(args.run_dir + "/spec.json");
+    const Plan plan = make_plan(spec);
+    auto backend = make_backend(args.backend);
+    backend->validate(plan, world, args.inject);
+
+    RankContext ctx;
+    ctx.spec = &spec;
+    ctx.plan = &plan;
+    ctx.rank = rank;
+    ctx.world = world;
+    ctx.inject = args.inject;
+    if (world > 1) ctx.pg = make_process_group(rank, world, args.store_port, spec.timeout.collective_s);
+    backend->setup(ctx);
+
+    std::vector<RankUpdateRecord> records;
+    std::vector<ManifestUpdate> manifest;
+    for (const auto& w : plan.windows) {
+      maybe_fault(rank, w.update);
+      const auto t0 = std::chrono::steady_clock::now();
+      RankUpdate u = backend->run_update(ctx, w.update);
+      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      records.push_back(u.record);
+      if (rank == 0) {
+        write_update_tensors(args.run_dir, w.update, u.grads, u.params_after);
+        manifest.push_back({w.update, u.loss, u.valid_targets, secs});
+      }
+    }
+    write_rank_record(args.run_dir, rank, plan.dp_rank_of(rank), records);
+    if (rank == 0) write_manifest(args.run_dir, args.backend, world, manifest);
+    if (ctx.pg) {
+      // Every rank's files are written before any rank leaves.
+      ctx.pg->barrier()->wait();
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << "gradcert rank " << rank << ": error: " << e.what() << std::endl;
+    return 2;
+  }
+}
+
+}  // namespace gradcert

@@ -1,0 +1,22 @@
+// The body of one rank process (`gradcert worker`, started by a launcher).
+#pragma once
+#include <string>
+
+namespace gradcert {
+
+/// What a rank is told on its command line; its rank and world come from the environment.
+struct WorkerArgs {
+  std::string run_dir;  ///< holds spec.json; the rank writes its artifacts here
+  std::string backend;
+  std::string inject;
+  int store_port = 0;   ///< rank 0 serves the c10d TCPStore on 127.0.0.1:store_port
+};
+
+/// Runs every update of the plan on this rank and writes its artifacts. Returns the exit
+/// code: 0 done, 2 failed (the message, prefixed "gradcert rank R:", went to stderr).
+///
+/// Test hook: GRADCERT_FAULT="kill:R:U" | "hang:R:U" | "exit:R:U" makes rank R kill
+/// itself (SIGKILL), hang, or exit 3 at the start of update U.
+int worker_main(const WorkerArgs& args);
+
+}  // namespace gradcert

@@ -1,0 +1,45 @@
+// A run directory: what ranks write and what the checks read (see backends/PROTOCOL.md).
+#pragma once
+#include <string>
+#include <vector>
+
+#include "conformance/checks.hpp"
+#include "conformance/plan.hpp"
+
+namespace gradcert {
+
+/// What one rank consumed in one update, and its local sums.
+struct RankUpdateRecord {
+  int update = 0;
+  std::vector<std::vector<int64_t>> consumed;  ///< ids per microstep
+  double loss_sum = 0;                          ///< S_r = sum_a S_{r,a}
+  int64_t valid_targets = 0;                    ///< sum_a n_{r,a}
+};
+
+/// Writes <dir>/rank<r>.json.
+void write_rank_record(const std::string& dir, int rank, int dp_rank, const std::vector<RankUpdateRecord>& updates);
+
+/// What rank 0 writes per update: <dir>/u<k>.grads.safetensors, u<k>.params.safetensors.
+void write_update_tensors(const std::string& dir, int update, const TensorMap& grads, const TensorMap& params);
+
+/// One update's scalar results for the manifest.
+struct ManifestUpdate {
+  int update = 0;
+  double loss = 0;
+  int64_t valid_targets = 0;
+  double step_seconds = 0;
+};
+/// Writes <dir>/manifest.json (rank 0, after the last update).
+void write_manifest(const std::string& dir, const std::string& backend, int world,
+                    const std::vector<ManifestUpdate>& updates);
+
+/// Reads a run directory strictly against the plan: the manifest, one record per rank,
+/// and each update's tensors (names, shapes and dtype from `expected`). Any problem
+/// throws ArtifactError naming the file (and the rank or tensor).
+std::vector<BackendUpdate> read_run(const std::string& dir, const Plan& plan, int world, const TensorMap& expected,
+                                    DType dtype);
+
+/// Reads a whole text file; throws ArtifactError naming it.
+std::string read_text_file(const std::string& path);
+
+}  // namespace gradcert

@@ -1,0 +1,251 @@
+#include "reports/report.hpp"
+
+#include <cmath>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "conformance/tensors.hpp"
+
+namespace gradcert {
+
+using nlohmann::json;
+
+bool RunReport::passed() const {
+  if (!error.empty()) return false;
+  for (const auto& c : checks)
+    if (c.verdict == Verdict::Fail) return false;
+  return true;
+}
+
+std::vector<std::string> RunReport::detected_by() const {
+  std::vector<std::string> out;
+  for (const auto& c : checks)
+    if (c.verdict == Verdict::Fail) out.push_back(c.id);
+  return out;
+}
+
+bool Report::passed() const {
+  if (runs.empty()) return false;
+  for (const auto& r : runs) {
+    if (r.inject.empty() && !r.passed()) return false;
+    if (!r.inject.empty() && (!r.error.empty() || r.detected_by().empty())) return false;
+  }
+  return true;
+}
+
+namespace {
+
+json number(double x) {
+  if (std::isnan(x)) return "nan";
+  if (std::isinf(x)) return x > 0 ? "inf" : "-inf";
+  return x;
+}
+
+std::string fmt(double x) {
+  if (std::isinf(x)) return "inf";
+  if (std::isnan(x)) return "nan";
+  char b[32];
+  if (x == std::floor(x) && std::fabs(x) < 1e9)
+    std::snprintf(b, sizeof b, "%.0f", x);
+  else
+    std::snprintf(b, sizeof b, "%.2e", x);
+  return b;
+}
+
+std::string tolerance_text(const CheckResult& c) { return c.tolerance == 0 ? "exact" : fmt(c.tolerance); }
+
+std::string xml_escape(const std::string& s) {
+  std::string o;
+  for (char ch : s) switch (ch) {
+      case '&': o += "&amp;"; break;
+      case '<': o += "&lt;"; break;
+      case '>': o += "&gt;"; break;
+      case '"': o += "&quot;"; break;
+      case '\'': o += "&apos;"; break;
+      default:
+        if (static_cast<unsigned char>(ch) < 0x20 && ch != '\n' && ch != '\t') o += ' ';
+        else o += ch;
+    }
+  return o;
+}
+
+std::string run_label(const RunReport& r) {
+  std::string s = r.backend + " dp" + std::to_string(r.topology.dp);
+  if (r.topology.tp > 1) s += " tp" + std::to_string(r.topology.tp);
+  if (r.topology.pp > 1) s += " pp" + std::to_string(r.topology.pp);
+  s += " " + r.dtype + " " + r.optimizer;
+  if (!r.inject.empty()) s += " inject=" + r.inject;
+  return s;
+}
+
+// A mutant run's rows read "caught" when the check failed: that is the expected outcome.
+std::string verdict_cell(const RunReport& r, const CheckResult& c) {
+  if (r.inject.empty()) return verdict_name(c.verdict);
+  return c.verdict == Verdict::Fail ? "caught" : verdict_name(c.verdict);
+}
+
+}  // namespace
+
+std::string report_json(const Report& r) {
+  json runs = json::array();
+  for (const auto& run : r.runs) {
+    json checks = json::array();
+    for (const auto& c : run.checks)
+      checks.push_back({{"id", c.id}, {"verdict", verdict_name(c.verdict)}, {"figure", number(c.figure)},
+                        {"tolerance", number(c.tolerance)}, {"detail", c.detail}});
+    json j = {{"backend", run.backend},
+              {"topology", {{"dp", run.topology.dp}, {"tp", run.topology.tp}, {"pp", run.topology.pp}}},
+              {"dtype", run.dtype},
+              {"optimizer", run.optimizer},
+              {"inject", run.inject.empty() ? json(nullptr) : json(run.inject)},
+              {"updates", run.updates},
+              {"update_batch", run.update_batch},
+              {"checks", checks},
+              {"verdict", run.passed() ? "pass" : "fail"},
+              {"run_dir", run.run_dir},
+              {"wall_seconds", run.wall_seconds}};
+    if (!run.error.empty()) j["error"] = run.error;
+    runs.push_back(j);
+  }
+  json mutants = json::array();
+  for (const auto& run : r.runs)
+    if (!run.inject.empty())
+      mutants.push_back({{"name", run.inject}, {"backend", run.backend},
+                         {"detected", run.error.empty() && !run.detected_by().empty()},
+                         {"detected_by", run.detected_by()}});
+  const auto& e = r.environment;
+  json out = {{"schema", "gradcert.report/1"},
+              {"environment", {{"torch", e.torch}, {"device", e.device}, {"world", e.world}, {"launcher", e.launcher},
+                               {"git", e.git}, {"seed", e.seed}, {"host", e.host}, {"started", e.started}}},
+              {"spec", r.spec_json.empty() ? json(nullptr) : json::parse(r.spec_json)},
+              {"runs", runs},
+              {"mutants", mutants},
+              {"verdict", r.passed() ? "pass" : "fail"}};
+  return out.dump(2) + "\n";
+}
+
+std::string report_junit(const Report& r) {
+  int tests = 0, failures = 0, skipped = 0;
+  std::ostringstream cases;
+  for (const auto& run : r.runs) {
+    const std::string suite = xml_escape(run_label(run));
+    if (!run.error.empty()) {
+      ++tests;
+      ++failures;
+      cases << "  <testcase classname=\"" << suite << "\" name=\"run\">\n    <failure message=\"run failed\">"
+            << xml_escape(run.error) << "</failure>\n  </testcase>\n";
+      continue;
+    }
+    for (const auto& c : run.checks) {
+      ++tests;
+      cases << "  <testcase classname=\"" << suite << "\" name=\"" << xml_escape(c.id) << "\">\n";
+      const bool bad = run.inject.empty() ? c.verdict == Verdict::Fail : false;
+      if (bad) {
+        ++failures;
+        cases << "    <failure message=\"figure " << fmt(c.figure) << " vs tolerance " << tolerance_text(c) << "\">"
+              << xml_escape(c.detail) << "</failure>\n";
+      } else if (c.verdict == Verdict::Skip) {
+        ++skipped;
+        cases << "    <skipped message=\"" << xml_escape(c.detail) << "\"/>\n";
+      }
+      cases << "    <system-out>" << xml_escape(c.detail) << "</system-out>\n  </testcase>\n";
+    }
+    if (!run.inject.empty()) {
+      ++tests;
+      cases << "  <testcase classname=\"" << suite << "\" name=\"mutant.detected\">\n";
+      if (run.detected_by().empty()) {
+        ++failures;
+        cases << "    <failure message=\"mutant not detected\">no check failed on the planted bug " << xml_escape(run.inject)
+              << "</failure>\n";
+      }
+      cases << "  </testcase>\n";
+    }
+  }
+  std::ostringstream o;
+  o << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuite name=\"gradcert\" tests=\"" << tests << "\" failures=\""
+    << failures << "\" skipped=\"" << skipped << "\">\n"
+    << cases.str() << "</testsuite>\n";
+  return o.str();
+}
+
+std::string report_markdown(const Report& r) {
+  std::ostringstream o;
+  const auto& e = r.environment;
+  o << "# gradcert conformance report\n\n"
+    << "Verdict: **" << (r.passed() ? "pass" : "FAIL") << "**  \n"
+    << "torch " << e.torch << " · " << e.device << " · launcher " << e.launcher << " · seed " << e.seed << " · git "
+    << e.git << " · " << e.started << "\n\n"
+    << "| run | check | figure | tolerance | verdict | detail |\n|---|---|---|---|---|---|\n";
+  for (const auto& run : r.runs) {
+    if (!run.error.empty()) {
+      o << "| " << run_label(run) << " | run | - | - | **error** | " << run.error.substr(0, run.error.find('\n'))
+        << " |\n";
+      continue;
+    }
+    for (const auto& c : run.checks)
+      o << "| " << run_label(run) << " | " << c.id << " | " << fmt(c.figure) << " | " << tolerance_text(c) << " | "
+        << verdict_cell(run, c) << " | " << c.detail << " |\n";
+  }
+  bool any_mutant = false;
+  for (const auto& run : r.runs) any_mutant |= !run.inject.empty();
+  if (any_mutant) {
+    o << "\n## Mutant detection\n\n| mutant | backend | detected | by |\n|---|---|---|---|\n";
+    for (const auto& run : r.runs) {
+      if (run.inject.empty()) continue;
+      std::string by;
+      for (const auto& id : run.detected_by()) by += (by.empty() ? "" : ", ") + id;
+      o << "| " << run.inject << " | " << run.backend << " | " << (by.empty() ? "**no**" : "yes") << " | " << by
+        << " |\n";
+    }
+  }
+  return o.str();
+}
+
+std::string report_table(const Report& r) {
+  std::ostringstream o;
+  char line[512];
+  std::snprintf(line, sizeof line, "#%-9s %3s %3s %3s %-9s %-6s %-22s %-20s %10s %10s %7s\n", "backend", "dp", "tp",
+                "pp", "dtype", "optim", "inject", "check", "figure", "tolerance", "verdict");
+  o << line;
+  std::snprintf(line, sizeof line, "#%-9s %3s %3s %3s %-9s %-6s %-22s %-20s %10s %10s %7s\n", "", "", "", "", "", "",
+                "", "", "(rel/#)", "", "");
+  o << line;
+  int wrong = 0;
+  for (const auto& run : r.runs) {
+    const std::string inj = run.inject.empty() ? "-" : run.inject;
+    if (!run.error.empty()) {
+      ++wrong;
+      std::snprintf(line, sizeof line, " %-9s %3d %3d %3d %-9s %-6s %-22s %-20s %10s %10s %7s\n", run.backend.c_str(),
+                    run.topology.dp, run.topology.tp, run.topology.pp, run.dtype.c_str(), run.optimizer.c_str(),
+                    inj.c_str(), "run", "-", "-", "ERROR");
+      o << line << "   " << run.error << "\n";
+      continue;
+    }
+    for (const auto& c : run.checks) {
+      std::snprintf(line, sizeof line, " %-9s %3d %3d %3d %-9s %-6s %-22s %-20s %10s %10s %7s\n", run.backend.c_str(),
+                    run.topology.dp, run.topology.tp, run.topology.pp, run.dtype.c_str(), run.optimizer.c_str(),
+                    inj.c_str(), c.id.c_str(), fmt(c.figure).c_str(), tolerance_text(c).c_str(),
+                    verdict_cell(run, c).c_str());
+      o << line;
+      if (run.inject.empty() && c.verdict == Verdict::Fail) {
+        ++wrong;
+        o << "   " << c.detail << "\n";
+      }
+    }
+    if (!run.inject.empty() && run.detected_by().empty()) {
+      ++wrong;
+      o << "   mutant " << run.inject << " on " << run.backend << " was NOT detected by any check\n";
+    }
+  }
+  o << "# #wrong: " << wrong << "\n# " << (r.passed() ? "OK" : "FAILED") << "\n";
+  return o.str();
+}
+
+void write_report_files(const Report& r, const std::string& dir) {
+  write_file_atomic(dir + "/report.json", report_json(r));
+  write_file_atomic(dir + "/report.md", report_markdown(r));
+  write_file_atomic(dir + "/junit.xml", report_junit(r));
+}
+
+}  // namespace gradcert

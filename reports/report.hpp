@@ -1,0 +1,63 @@
+// The conformance report: JSON (schema gradcert.report/1), JUnit XML, Markdown and the
+// console table.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "conformance/checks.hpp"
+#include "conformance/spec.hpp"
+
+namespace gradcert {
+
+/// Where and with what a report was made.
+struct Environment {
+  std::string torch;     ///< torch version the ranks linked
+  std::string device = "cpu";
+  int world = 1;         ///< the largest world in the report
+  std::string launcher = "local";
+  std::string git;       ///< commit of the gradcert checkout ("unknown" outside git)
+  uint64_t seed = 0;
+  std::string host;
+  std::string started;   ///< UTC, ISO 8601
+};
+
+/// One backend run (or a failed attempt at one) and its checks.
+struct RunReport {
+  std::string backend;
+  TopologySpec topology;
+  std::string dtype;
+  std::string optimizer;
+  std::string inject;     ///< "" for the correct backend
+  int updates = 0;
+  int64_t update_batch = 0;
+  std::vector<CheckResult> checks;
+  std::string error;      ///< set when the run itself failed (names the rank)
+  std::string run_dir;
+  double wall_seconds = 0;
+
+  /// No check failed and the run did not fail.
+  bool passed() const;
+  /// For a mutant run: the ids of the checks that failed.
+  std::vector<std::string> detected_by() const;
+};
+
+/// A whole report. Correct runs must pass; mutant runs (inject set) must be detected.
+struct Report {
+  Environment environment;
+  std::string spec_json;
+  std::vector<RunReport> runs;
+
+  /// Every correct run passed and every mutant run was detected.
+  bool passed() const;
+};
+
+std::string report_json(const Report& r);
+std::string report_junit(const Report& r);
+std::string report_markdown(const Report& r);
+/// The console table (nccl-tests style), with an OK / FAILED footer.
+std::string report_table(const Report& r);
+
+/// Writes report.json, report.md and junit.xml into `dir` (each atomically).
+void write_report_files(const Report& r, const std::string& dir);
+
+}  // namespace gradcert

@@ -70,8 +70,9 @@ std::string signal_name(int sig) {
   return desc ? std::string(desc) : "signal " + std::to_string(sig);
 }
 
+// "rank 1" or "ranks 0, 2".
 std::string join_ranks(const std::vector<int>& ranks) {
-  std::string out;
+  std::string out = ranks.size() == 1 ? "rank " : "ranks ";
   for (size_t i = 0; i < ranks.size(); ++i) {
     if (i) out += ", ";
     out += std::to_string(ranks[i]);
@@ -348,7 +349,7 @@ LaunchResult launch_local(const LaunchRequest& req) {
     std::vector<int> stopped = g.stop();
     res.ranks = g.exits;
     double limit = std::chrono::duration<double>(req.timeout).count();
-    res.message = "timeout after " + fmt_seconds(limit) + "; ranks " + join_ranks(stopped) +
+    res.message = "timeout after " + fmt_seconds(limit) + "; " + join_ranks(stopped) +
                   " still running (stopped by the launcher)";
     if (!stopped.empty())
       res.message += tail_section("rank " + std::to_string(stopped[0]), logs[stopped[0]]);
@@ -360,7 +361,7 @@ LaunchResult launch_local(const LaunchRequest& req) {
     res.first_failed_rank = failed_rank;
     res.message = "rank " + std::to_string(failed_rank) + " " +
                   how_it_ended(g.exits[failed_rank], failed_at);
-    if (!stopped.empty()) res.message += "; ranks " + join_ranks(stopped) + " stopped by the launcher";
+    if (!stopped.empty()) res.message += "; " + join_ranks(stopped) + " still running (stopped by the launcher)";
     res.message += tail_section("rank " + std::to_string(failed_rank), logs[failed_rank]);
     return res;
   }
@@ -472,7 +473,7 @@ LaunchResult launch_mpirun(const LaunchRequest& req) {
     std::vector<int> all;
     for (int r = 0; r < world; ++r) all.push_back(r);
     double limit = std::chrono::duration<double>(req.timeout).count();
-    res.message = "timeout after " + fmt_seconds(limit) + "; ranks " + join_ranks(all) +
+    res.message = "timeout after " + fmt_seconds(limit) + "; " + join_ranks(all) +
                   " still running under mpirun (stopped by the launcher)" + tail_section("mpirun", log);
     return res;
   }

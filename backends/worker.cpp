@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <csignal>
+#include <filesystem>
 #include <iostream>
 #include <thread>
 #include <unistd.h>
@@ -28,6 +29,15 @@ void maybe_fault(int rank, int update) {
   if (k == "exit") std::_Exit(3);
   if (k == "hang")
     for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+}
+
+// GRADCERT_FAULT="truncate:R:U": rank R cuts the last 8 bytes off u<U>.grads.safetensors.
+void maybe_corrupt(const std::string& dir, int rank, int update) {
+  const char* f = std::getenv("GRADCERT_FAULT");
+  int r = -1, u = -1;
+  if (!f || std::sscanf(f, "truncate:%d:%d", &r, &u) != 2 || r != rank || u != update) return;
+  const std::string path = dir + "/u" + std::to_string(update) + ".grads.safetensors";
+  std::filesystem::resize_file(path, std::filesystem::file_size(path) - 8);
 }
 
 c10::intrusive_ptr<c10d::Backend> make_process_group(int rank, int world, int port, double timeout_s) {
@@ -78,6 +88,7 @@ int worker_main(const WorkerArgs& args) {
         write_update_tensors(args.run_dir, w.update, u.grads, u.params_after);
         manifest.push_back({w.update, u.loss, u.valid_targets, secs});
       }
+      maybe_corrupt(args.run_dir, rank, w.update);
     }
     write_rank_record(args.run_dir, rank, plan.dp_rank_of(rank), records);
     if (rank == 0) write_manifest(args.run_dir, args.backend, world, manifest);

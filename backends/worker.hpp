@@ -16,7 +16,8 @@ struct WorkerArgs {
 /// code: 0 done, 2 failed (the message, prefixed "gradcert rank R:", went to stderr).
 ///
 /// Test hook: GRADCERT_FAULT="kill:R:U" | "hang:R:U" | "exit:R:U" makes rank R kill
-/// itself (SIGKILL), hang, or exit 3 at the start of update U.
+/// itself (SIGKILL), hang, or exit 3 at the start of update U; "truncate:R:U" makes rank
+/// R cut update U's gradient file short after writing it.
 int worker_main(const WorkerArgs& args);
 
 }  // namespace gradcert

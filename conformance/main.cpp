@@ -122,7 +122,7 @@ int main(int argc, char** argv) {
       }
       if (!optimizer.empty()) req.spec.optimizer.name = optimizer;
       req.backend = backend;
-      req.world = world;
+      req.world = world == 0 && backend == "single" ? std::max(1, tp) * std::max(1, pp) : world;
       req.tp = tp;
       req.pp = pp;
       req.launcher = launcher_from(launcher);

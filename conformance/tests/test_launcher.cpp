@@ -101,7 +101,7 @@ TEST(Launcher, KilledRankStopsTheOthers) {
   EXPECT_EQ(res.first_failed_rank, 1);
   EXPECT_TRUE(contains(res.message, "rank 1")) << res.message;
   EXPECT_TRUE(contains(res.message, "SIGKILL")) << res.message;
-  EXPECT_TRUE(contains(res.message, "ranks 0 stopped by the launcher")) << res.message;
+  EXPECT_TRUE(contains(res.message, "rank 0 still running (stopped by the launcher)")) << res.message;
   ASSERT_EQ(res.ranks.size(), 2u);
   EXPECT_EQ(res.ranks[1].signal, 9);
   EXPECT_FALSE(res.ranks[1].killed_by_launcher);

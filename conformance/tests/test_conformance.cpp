@@ -1,0 +1,252 @@
+// Conformance: real rank processes over Gloo, checked against the float64 reference.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <sys/wait.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "backends/registry.hpp"
+#include "conformance/harness.hpp"
+#include "conformance/plan.hpp"
+
+using namespace gradcert;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string fresh_dir(const std::string& name) {
+  const auto d = fs::temp_directory_path() / ("gradcert_test_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d.string();
+}
+
+RunRequest request(const std::string& backend, int world, int accum, DType dtype, const std::string& name) {
+  RunRequest r;
+  r.backend = backend;
+  r.world = world;
+  r.spec.batch.accum = accum;
+  r.spec.dtype = dtype;
+  r.spec.topology.dp = world;
+  // Two full windows and a partial one of a single example: only rank 0 gets any.
+  r.spec.dataset.size = static_cast<int>(2 * update_batch_size(r.spec.batch.micro, accum, world) + 1);
+  r.spec.timeout.run_s = 120;
+  r.exe = GRADCERT_EXE;
+  r.run_dir = fresh_dir(name);
+  return r;
+}
+
+std::string failures(const RunReport& r) {
+  std::string s = r.error;
+  for (const auto& c : r.checks)
+    if (c.verdict != Verdict::Pass) s += "\n" + c.id + " " + verdict_name(c.verdict) + ": " + c.detail;
+  return s;
+}
+
+struct Case {
+  std::string backend;
+  int world, accum;
+  DType dtype;
+  std::string optimizer;
+};
+
+std::string case_name(const testing::TestParamInfo<Case>& info) {
+  const Case& c = info.param;
+  return c.backend + "_w" + std::to_string(c.world) + "_a" + std::to_string(c.accum) + "_" + dtype_name(c.dtype) +
+         "_" + c.optimizer;
+}
+
+void PrintTo(const Case& c, std::ostream* os) { *os << case_name({c, 0}); }
+
+class ConformanceMatrix : public testing::TestWithParam<Case> {};
+
+}  // namespace
+
+TEST_P(ConformanceMatrix, PassesEveryCheckAgainstTheReference) {
+  const Case& c = GetParam();
+  RunRequest req = request(c.backend, c.world, c.accum, c.dtype, case_name({c, 0}));
+  req.spec.optimizer.name = c.optimizer;
+  const Plan plan = make_plan(effective_spec(req));
+  const Window& last = plan.windows.back();
+  ASSERT_TRUE(last.partial);
+  if (c.world > 1) {
+    for (const auto& mb : last.slots[c.world - 1]) ASSERT_TRUE(mb.ids.empty()) << "the last rank gets nothing";
+  }
+
+  const RunReport r = run_backend(req);
+  ASSERT_TRUE(r.error.empty()) << r.error;
+  ASSERT_EQ(r.checks.size(), 6u);
+  EXPECT_TRUE(r.passed()) << failures(r);
+  for (const auto& check : r.checks)
+    if (check.id == "grad.parity" && c.dtype == DType::Float64) EXPECT_LE(check.figure, 1e-10);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Conformance, ConformanceMatrix,
+    testing::Values(Case{"single", 1, 1, DType::Float64, "sgd"}, Case{"single", 1, 3, DType::Float64, "sgd"},
+                    Case{"ddp", 2, 1, DType::Float64, "sgd"}, Case{"ddp", 2, 3, DType::Float64, "sgd"},
+                    Case{"ddp", 3, 1, DType::Float64, "sgd"}, Case{"ddp", 3, 3, DType::Float64, "sgd"},
+                    Case{"single", 1, 3, DType::Float64, "adamw"}, Case{"ddp", 2, 3, DType::Float64, "adamw"},
+                    Case{"ddp", 3, 3, DType::Float64, "adamw"}, Case{"single", 1, 3, DType::Float32, "sgd"},
+                    Case{"ddp", 2, 3, DType::Float32, "sgd"}, Case{"ddp", 3, 1, DType::Float32, "adamw"},
+                    Case{"ddp", 2, 3, DType::BFloat16, "sgd"}),
+    case_name);
+
+TEST(ConformanceMutants, EveryMutantIsCaught) {
+  for (const auto& [backend, world] : std::vector<std::pair<std::string, int>>{{"single", 1}, {"ddp", 2}})
+    for (const auto& m : mutant_names(backend)) {
+      RunRequest req = request(backend, world, 3, DType::Float64, backend + "_" + m);
+      req.inject = m;
+      const RunReport r = run_backend(req);
+      ASSERT_TRUE(r.error.empty()) << m << ": " << r.error;
+      EXPECT_FALSE(r.detected_by().empty()) << "mutant " << m << " on " << backend << " passed every check";
+    }
+}
+
+TEST(ConformanceFailure, KilledRankFailsTheRunNamingIt) {
+  RunRequest req = request("ddp", 2, 3, DType::Float64, "killed");
+  req.spec.timeout.collective_s = 10;
+  req.spec.timeout.run_s = 60;
+  ::setenv("GRADCERT_FAULT", "kill:1:1", 1);
+  const auto t0 = std::chrono::steady_clock::now();
+  const RunReport r = run_backend(req);
+  ::unsetenv("GRADCERT_FAULT");
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_NE(r.error.find("rank 1"), std::string::npos) << r.error;
+  EXPECT_NE(r.error.find("SIGKILL"), std::string::npos) << r.error;
+  EXPECT_LT(secs, 10.0) << "the launcher stops the group on the first failure";
+  EXPECT_FALSE(r.passed());
+}
+
+TEST(ConformanceFailure, HungRankTimesOutNamingTheRanks) {
+  RunRequest req = request("ddp", 2, 3, DType::Float64, "hung");
+  req.spec.timeout.collective_s = 2;
+  req.spec.timeout.run_s = 30;
+  ::setenv("GRADCERT_FAULT", "hang:1:1", 1);
+  const auto t0 = std::chrono::steady_clock::now();
+  const RunReport r = run_backend(req);
+  ::unsetenv("GRADCERT_FAULT");
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_FALSE(r.error.empty());
+  EXPECT_NE(r.error.find("rank 0"), std::string::npos) << r.error;  // timed out in a collective
+  EXPECT_NE(r.error.find("rank 1"), std::string::npos) << r.error;  // still running, stopped
+  EXPECT_LT(secs, 20.0) << "the collective timeout ends the run, not the run timeout";
+}
+
+TEST(ConformanceFailure, ExitingRankIsNamedWithItsCode) {
+  RunRequest req = request("ddp", 3, 1, DType::Float64, "exiting");
+  ::setenv("GRADCERT_FAULT", "exit:2:0", 1);
+  const RunReport r = run_backend(req);
+  ::unsetenv("GRADCERT_FAULT");
+  EXPECT_NE(r.error.find("rank 2 exited with code 3"), std::string::npos) << r.error;
+}
+
+TEST(ConformanceFailure, TruncatedArtifactIsNamed) {
+  RunRequest req = request("ddp", 2, 3, DType::Float64, "truncated");
+  ::setenv("GRADCERT_FAULT", "truncate:0:1", 1);
+  const RunReport r = run_backend(req);
+  ::unsetenv("GRADCERT_FAULT");
+  EXPECT_NE(r.error.find("u1.grads.safetensors"), std::string::npos) << r.error;
+  EXPECT_TRUE(r.checks.empty()) << "no verdicts from unreadable artifacts";
+  EXPECT_FALSE(r.passed());
+}
+
+TEST(ConformanceBadInput, TopologyAndBackendErrorsAreNamed) {
+  RunRequest req = request("ddp", 2, 1, DType::Float64, "badinput");
+  req.tp = 2;
+  req.world = 3;
+  try {
+    run_backend(req);
+    FAIL() << "no error";
+  } catch (const SpecError& e) {
+    EXPECT_EQ(e.field, "topology");
+  }
+  req = request("single", 2, 1, DType::Float64, "badinput2");
+  EXPECT_THROW(run_backend(req), std::invalid_argument);
+  req = request("zero4", 2, 1, DType::Float64, "badinput3");
+  try {
+    run_backend(req);
+    FAIL() << "no error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("zero4"), std::string::npos);
+  }
+  req = request("ddp", 2, 1, DType::Float64, "badinput4");
+  req.inject = "not-a-bug";
+  EXPECT_THROW(run_backend(req), std::invalid_argument);
+}
+
+namespace {
+
+struct Cli {
+  int code;
+  std::string out;
+};
+
+Cli run_cli(const std::string& args) {
+  const std::string cmd = std::string(GRADCERT_EXE) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  const int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+std::string write_spec(const std::string& dir, const std::string& json) {
+  const std::string path = dir + "/spec.json";
+  std::ofstream(path) << json;
+  return path;
+}
+
+}  // namespace
+
+TEST(ConformanceCli, ExitCodesAndReports) {
+  const std::string dir = fresh_dir("cli");
+  auto ok = run_cli("run --backend ddp --world 2 --out " + dir + "/ok");
+  EXPECT_EQ(ok.code, 0) << ok.out;
+  EXPECT_NE(ok.out.find("# OK"), std::string::npos) << ok.out;
+  for (const char* f : {"report.json", "report.md", "junit.xml"}) EXPECT_TRUE(fs::exists(dir + "/ok/" + f)) << f;
+  const auto j = nlohmann::json::parse(std::ifstream(dir + "/ok/report.json"));
+  EXPECT_EQ(j["schema"], "gradcert.report/1");
+  EXPECT_EQ(j["runs"][0]["topology"]["dp"], 2);
+  EXPECT_EQ(j["verdict"], "pass");
+
+  const auto strict = write_spec(dir, R"({"tolerance": {"float64": 1e-300}})");
+  auto fail = run_cli("run --spec " + strict + " --backend single --out " + dir + "/strict");
+  EXPECT_EQ(fail.code, 1) << fail.out;
+  EXPECT_NE(fail.out.find("FAILED"), std::string::npos);
+
+  const auto bad = write_spec(dir, R"({"batch": {"micro": 2, "acum": 3}})");
+  auto bad_input = run_cli("run --spec " + bad + " --backend single --out " + dir + "/bad");
+  EXPECT_EQ(bad_input.code, 2) << bad_input.out;
+  EXPECT_NE(bad_input.out.find("batch.acum"), std::string::npos) << bad_input.out;
+
+  auto unknown = run_cli("run --backend zero9 --out " + dir + "/unknown");
+  EXPECT_EQ(unknown.code, 2);
+  EXPECT_NE(unknown.out.find("zero9"), std::string::npos) << unknown.out;
+
+  auto launcher = run_cli("run --launcher slurm --out " + dir + "/launcher");
+  EXPECT_EQ(launcher.code, 2);
+  EXPECT_NE(launcher.out.find("--launcher"), std::string::npos) << launcher.out;
+
+  auto plan = run_cli("plan --world 2");
+  EXPECT_EQ(plan.code, 0);
+  EXPECT_NE(plan.out.find("(partial)"), std::string::npos) << plan.out;
+  EXPECT_NE(plan.out.find("B_update=12"), std::string::npos) << plan.out;
+
+  auto help = run_cli("run --help");
+  EXPECT_EQ(help.code, 0);
+  EXPECT_NE(help.out.find("--inject"), std::string::npos);
+}
+
+TEST(ConformanceMpirun, DdpUnderMpirunPassesEveryCheck) {
+  if (std::system("command -v mpirun >/dev/null 2>&1") != 0) GTEST_SKIP() << "mpirun (OpenMPI) is not installed";
+  RunRequest req = request("ddp", 2, 3, DType::Float64, "mpirun");
+  req.launcher = LauncherKind::Mpirun;
+  const RunReport r = run_backend(req);
+  ASSERT_TRUE(r.error.empty()) << r.error;
+  EXPECT_TRUE(r.passed()) << failures(r);
+}

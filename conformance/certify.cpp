@@ -51,7 +51,7 @@ Report run_certify(const CertifyOptions& o, std::ostream& progress) {
     max_world = std::max(max_world, r.topology.world());
     const bool good = req.inject.empty() ? r.passed() : (r.error.empty() && !r.detected_by().empty());
     char line[256];
-    std::snprintf(line, sizeof line, "# [%2zu/%zu] %-6s world %d %-8s %-5s %-22s %s (%.1f s)\n", i + 1,
+    std::snprintf(line, sizeof line, "# [%2zu/%zu] %-6s world %d %-8s %-5s %-29s %s (%.1f s)\n", i + 1,
                   requests.size(), req.backend.c_str(), r.topology.world(), r.dtype.c_str(), r.optimizer.c_str(),
                   req.inject.empty() ? "" : ("inject " + req.inject).c_str(),
                   req.inject.empty() ? (good ? "pass" : "FAIL") : (good ? "caught" : "NOT CAUGHT"), r.wall_seconds);

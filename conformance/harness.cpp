@@ -10,7 +10,11 @@
 #include <filesystem>
 
 #include "backends/backend.hpp"
+#include <nlohmann/json.hpp>
+
 #include "conformance/artifacts.hpp"
+#include "conformance/dataset.hpp"
+#include "conformance/model.hpp"
 #include "conformance/reference.hpp"
 
 namespace gradcert {
@@ -26,13 +30,60 @@ Spec effective_spec(const RunRequest& req) {
   return s;
 }
 
+namespace {
+
+// The examples each update really consumed (one record per DP rank, in rank and
+// microstep order), as a plan the reference can run: the sampler audit's reference.
+Plan plan_from_consumed(const Spec& spec, const Plan& planned, const std::vector<BackendUpdate>& run) {
+  Plan p = planned;
+  std::vector<int64_t> targets(spec.dataset.size, -1);
+  for (size_t u = 0; u < run.size() && u < p.windows.size(); ++u) {
+    Window& w = p.windows[u];
+    w.ids.clear();
+    w.valid_targets = 0;
+    std::map<int, const RankRecord*> replicas;
+    for (const auto& r : run[u].ranks) replicas.emplace(r.dp_rank, &r);
+    for (auto& [dp, rec] : replicas)
+      for (const auto& mb : rec->consumed)
+        for (auto id : mb) {
+          if (id < 0 || id >= spec.dataset.size)
+            throw ArtifactError("rank " + std::to_string(rec->rank) + " reported sample id " + std::to_string(id) +
+                                " outside the dataset");
+          if (targets[id] < 0) targets[id] = make_sample(spec, id).valid_targets();
+          w.ids.push_back(id);
+          w.valid_targets += targets[id];
+        }
+  }
+  return p;
+}
+
+void write_external_inputs(const Spec& spec, const std::string& dir) {
+  nlohmann::json samples = nlohmann::json::array();
+  for (int64_t id = 0; id < spec.dataset.size; ++id) {
+    const Sample s = make_sample(spec, id);
+    samples.push_back({{"id", id}, {"tokens", s.tokens}, {"labels", s.labels}});
+  }
+  nlohmann::json j = {{"schema", "gradcert.dataset/1"}, {"ignore_index", kIgnoreIndex}, {"pad_token", kPadToken},
+                      {"samples", samples}};
+  write_file_atomic(dir + "/dataset.json", j.dump());
+  write_safetensors(dir + "/initial.safetensors", initial_params(spec), {{"schema", "gradcert.initial/1"}});
+}
+
+}  // namespace
+
 RunReport run_backend(const RunRequest& req) {
   const auto t0 = std::chrono::steady_clock::now();
   const Spec spec = effective_spec(req);
   const Plan plan = make_plan(spec);
   const int world = plan.world();
-  auto backend = make_backend(req.backend);
-  backend->validate(plan, world, req.inject);
+  const bool external = req.backend == kExternalBackend;
+  if (external) {
+    if (req.command.empty()) throw std::invalid_argument("--backend external needs --command \"<launch command>\"");
+    if (!req.inject.empty()) throw std::invalid_argument("--inject applies to built-in backends only");
+  } else {
+    if (req.sampler_audit) throw std::invalid_argument("--sampler-audit applies to --backend external only");
+    make_backend(req.backend)->validate(plan, world, req.inject);
+  }
 
   RunReport report;
   report.backend = req.backend;
@@ -54,16 +105,41 @@ RunReport run_backend(const RunRequest& req) {
   launch_req.argv = {req.exe, "worker", "--run-dir", req.run_dir, "--backend", req.backend,
                      "--port", std::to_string(free_local_port())};
   if (!req.inject.empty()) launch_req.argv.insert(launch_req.argv.end(), {"--inject", req.inject});
+  if (external) {
+    // One launcher process runs the command; the stack starts its own ranks (e.g. torchrun).
+    write_external_inputs(spec, req.run_dir);
+    launch_req.kind = LauncherKind::Local;
+    launch_req.world = 1;
+    launch_req.argv = {"/bin/sh", "-c", req.command};
+    launch_req.env = {{"GRADCERT_RUN_DIR", req.run_dir},
+                      {"GRADCERT_PLAN", req.run_dir + "/plan.json"},
+                      {"GRADCERT_DATASET", req.run_dir + "/dataset.json"},
+                      {"GRADCERT_INIT", req.run_dir + "/initial.safetensors"},
+                      {"GRADCERT_OUT", req.run_dir},
+                      {"GRADCERT_NPROC", std::to_string(world)},
+                      {"GRADCERT_MASTER_PORT", std::to_string(free_local_port())},
+                      {"GRADCERT_SAMPLER", req.sampler_audit ? "own" : "plan"}};
+  }
   launch_req.timeout = std::chrono::milliseconds(static_cast<int64_t>(spec.timeout.run_s * 1000));
   launch_req.log_dir = req.run_dir;
   const LaunchResult launched = launch(launch_req);
 
   if (!launched.ok) {
     report.error = launched.message;
+    if (external) {  // one launched process: the command, not a rank
+      for (auto [from, to] : {std::pair<std::string, std::string>{"rank 0 ", "the external command "},
+                              {"--- rank 0 log tail ---", "--- external command output (tail) ---"}})
+        if (auto at = report.error.find(from); at != std::string::npos) report.error.replace(at, from.size(), to);
+    }
   } else {
-    const auto reference = run_reference(spec, plan);
     try {
-      const auto artifacts = read_run(req.run_dir, plan, world, reference.front().grads, spec.dtype);
+      const TensorMap shapes = initial_params(spec);
+      const auto artifacts = read_run(req.run_dir, plan, world, shapes, spec.dtype);
+      // NOTE [sampler audit] The ledger and update size are checked against the plan (so a
+      // duplicated or dropped example is a finding); the gradients against a reference over
+      // the ids the stack really consumed (so the gradient math is judged on its own data).
+      const auto reference =
+          run_reference(spec, req.sampler_audit ? plan_from_consumed(spec, plan, artifacts) : plan);
       report.checks = run_checks(plan, spec.dataset.size, reference, artifacts, spec.parity_tolerance());
     } catch (const ArtifactError& e) {
       report.error = std::string("bad artifacts: ") + e.what();

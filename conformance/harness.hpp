@@ -17,7 +17,15 @@ struct RunRequest {
   std::string inject;   ///< a planted bug, "" for none
   std::string run_dir;  ///< created; receives spec.json, plan.json, artifacts, rank logs
   std::string exe;      ///< the gradcert executable the ranks run (`gradcert worker`)
+  /// backend "external": the shell command that runs the foreign stack (backends/PROTOCOL.md).
+  std::string command;
+  /// backend "external": the stack samples on its own and reports the ids it consumed;
+  /// the reference is recomputed from those ids (duplicates and gaps are findings).
+  bool sampler_audit = false;
 };
+
+/// The name of the backend that runs a foreign program over the file protocol.
+constexpr const char* kExternalBackend = "external";
 
 /// The spec with the request's topology applied (throws SpecError naming topology.*).
 Spec effective_spec(const RunRequest& request);

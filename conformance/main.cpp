@@ -56,6 +56,12 @@ int main(int argc, char** argv) {
   run->add_option("--dtype", dtype, "override the spec's dtype: float64 | float32 | bfloat16");
   run->add_option("--optimizer", optimizer, "override the spec's optimizer: sgd | adamw");
   run->add_option("--out", out, "report folder (default: reports/out/<timestamp>)");
+  std::string command;
+  bool sampler_audit = false;
+  run->add_option("--command", command,
+                  "with --backend external: the command that runs the stack (see backends/PROTOCOL.md)");
+  run->add_flag("--sampler-audit", sampler_audit,
+                "with --backend external: the stack samples on its own; gradcert audits the ids it reports");
 
   auto* plan_cmd = app.add_subcommand("plan", "print the plan: per update, rank and microstep: ids, tokens, N");
   plan_cmd->add_option("--spec", spec_path, "spec JSON file (default: the built-in spec)")->check(CLI::ExistingFile);
@@ -127,6 +133,8 @@ int main(int argc, char** argv) {
       req.pp = pp;
       req.launcher = launcher_from(launcher);
       req.inject = inject;
+      req.command = command;
+      req.sampler_audit = sampler_audit;
       req.exe = self_exe();
       req.run_dir = dir + "/runs/" + run_dir_name(req);
       Report report;

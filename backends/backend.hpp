@@ -1,6 +1,7 @@
 // The narrow interface every built-in strategy implements, one file per strategy.
 #pragma once
 #include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <memory>
 #include <string>
@@ -20,9 +21,28 @@ struct RankContext {
   int rank = 0, world = 1;
   /// All ranks (null when world == 1). Collectives on it time out after spec.timeout.collective_s.
   c10::intrusive_ptr<c10d::Backend> pg;
+  /// The D data-parallel peers (same TP and PP coordinates); null when D == 1. When null
+  /// and D == world, pg serves (see dp_group()).
+  c10::intrusive_ptr<c10d::Backend> dp_pg;
+  /// The TP peers of this replica and stage; null when TP == 1.
+  c10::intrusive_ptr<c10d::Backend> tp_pg;
   /// The planted bug to run with ("" for none): see backends/mutants.md.
   std::string inject;
 };
+
+/// The data-parallel group of a rank (null when D == 1).
+c10::intrusive_ptr<c10d::Backend> dp_group(const RankContext& ctx);
+
+/// A rank's coordinates. Global rank = dp x (tp x pp) + pp x tp + tp (see Plan::dp_rank_of).
+struct Coords {
+  int dp = 0, tp = 0, pp = 0;
+};
+Coords coords_of(const Plan& plan, int global_rank);
+int global_rank_of(const Plan& plan, Coords c);
+
+/// Creates ctx.pg, ctx.dp_pg and ctx.tp_pg over one c10d store (Gloo, with the spec's
+/// collective timeout). Every rank calls it; each joins only its own groups.
+void make_process_groups(RankContext& ctx, const c10::intrusive_ptr<c10d::Store>& store);
 
 /// What one rank produced for one update. Full canonical tensors are needed on rank 0 only.
 struct RankUpdate {

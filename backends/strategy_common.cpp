@@ -32,10 +32,18 @@ std::vector<std::vector<int64_t>> consumed_ids(const Plan& plan, const Window& w
   return out;
 }
 
+int64_t counted_targets(const Batch& b, const std::string& inject) {
+  if (b.empty()) return 0;
+  if (inject == "pad-as-target")
+    return b.labels.ne(kIgnoreIndex).logical_or(b.input.eq(kPadToken)).sum().item<int64_t>();
+  return b.valid_targets;
+}
+
 std::pair<double, int64_t> allreduce_sum(RankContext& ctx, double x, int64_t n) {
-  if (!ctx.pg) return {x, n};
+  auto group = dp_group(ctx);
+  if (!group) return {x, n};
   std::vector<at::Tensor> t{torch::tensor({x, static_cast<double>(n)}, torch::kFloat64)};
-  ctx.pg->allreduce(t, c10d::AllreduceOptions{})->wait();
+  group->allreduce(t, c10d::AllreduceOptions{})->wait();
   return {t[0][0].item<double>(), static_cast<int64_t>(std::llround(t[0][1].item<double>()))};
 }
 
@@ -56,42 +64,43 @@ void ReplicaState::setup(RankContext& ctx) {
     for (auto& p : model_->named_parameters()) master_[p.key()] = p.value().detach().to(torch::kFloat32);
 }
 
-RankUpdate ReplicaState::accumulate(RankContext& ctx, int update) {
+double WindowWork::scale(const RankContext& ctx, int a, int dp) const {
+  return loss_scale(ctx.inject, dp, ctx.plan->accum, window_targets, batches[a].valid_targets, local_targets);
+}
+
+WindowWork prepare_window(RankContext& ctx, int update, int64_t& last_full_targets) {
   const Plan& plan = *ctx.plan;
   const Window& w = plan.windows.at(update);
-  const int dp_rank = plan.dp_rank_of(ctx.rank);
+  WindowWork work;
+  work.consumed = consumed_ids(plan, w, plan.dp_rank_of(ctx.rank), ctx.inject);
+  for (const auto& ids : work.consumed) {
+    work.batches.push_back(collate(*ctx.spec, ids));
+    work.local_targets += counted_targets(work.batches.back(), ctx.inject);
+  }
+  // N for the whole window: every DP rank's count, summed (zero-example ranks join too).
+  work.window_targets = allreduce_sum(ctx, 0.0, work.local_targets).second;
+  if (ctx.inject == "stale-window-count" && w.partial && last_full_targets >= 0)
+    work.window_targets = last_full_targets;
+  if (!w.partial) last_full_targets = work.window_targets;
+  return work;
+}
+
+RankUpdate ReplicaState::accumulate(RankContext& ctx, int update) {
+  const WindowWork work = prepare_window(ctx, update, last_full_window_targets_);
   RankUpdate out;
   out.record.update = update;
-  out.record.consumed = consumed_ids(plan, w, dp_rank, ctx.inject);
-
-  std::vector<Batch> batches;
-  int64_t local_targets = 0;
-  for (const auto& ids : out.record.consumed) {
-    batches.push_back(collate(*ctx.spec, ids));
-    const Batch& b = batches.back();
-    if (b.empty()) continue;
-    if (ctx.inject == "pad-as-target")
-      local_targets += b.labels.ne(kIgnoreIndex).logical_or(b.input.eq(kPadToken)).sum().item<int64_t>();
-    else
-      local_targets += b.valid_targets;
-  }
-  // N for the whole window: every rank's count, summed (zero-example ranks join too).
-  int64_t N = allreduce_sum(ctx, 0.0, local_targets).second;
-  if (ctx.inject == "stale-window-count") {
-    if (w.partial && last_full_window_targets_ >= 0) N = last_full_window_targets_;
-  }
-  if (!w.partial) last_full_window_targets_ = N;
-  out.valid_targets = N;
-  out.record.valid_targets = local_targets;
+  out.record.consumed = work.consumed;
+  out.record.valid_targets = work.local_targets;
+  out.valid_targets = work.window_targets;
 
   model_->zero_grad(/*set_to_none=*/false);
   for (auto& p : model_->parameters())
     if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
-  for (const Batch& b : batches) {
+  for (size_t a = 0; a < work.batches.size(); ++a) {
+    const Batch& b = work.batches[a];
     if (b.empty()) continue;
     auto S = loss_sum(model_, b);
-    const double scale = loss_scale(ctx.inject, plan.dp, plan.accum, N, b.valid_targets, local_targets);
-    (S * scale).backward();
+    (S * work.scale(ctx, static_cast<int>(a), ctx.plan->dp)).backward();
     out.record.loss_sum += S.item<double>();
   }
   return out;
@@ -101,12 +110,13 @@ void ReplicaState::sync(RankContext& ctx, RankUpdate& out) {
   auto [S, unused] = allreduce_sum(ctx, out.record.loss_sum, 0);
   (void)unused;
   out.loss = out.valid_targets > 0 ? S / static_cast<double>(out.valid_targets) : 0.0;
-  if (!ctx.pg || ctx.inject == "missing-final-sync") return;
+  auto group = dp_group(ctx);
+  if (!group || ctx.inject == "missing-final-sync") return;
   torch::NoGradGuard ng;
   std::vector<torch::Tensor> grads;
   for (auto& p : model_->parameters()) grads.push_back(p.grad().view({-1}));
   std::vector<at::Tensor> flat{torch::cat(grads).div_(static_cast<double>(ctx.plan->dp))};
-  ctx.pg->allreduce(flat, c10d::AllreduceOptions{})->wait();
+  group->allreduce(flat, c10d::AllreduceOptions{})->wait();
   int64_t offset = 0;
   for (auto& p : model_->parameters()) {
     const auto n = p.numel();
@@ -131,7 +141,7 @@ void ReplicaState::step(RankContext& ctx, int update) {
 }
 
 void ReplicaState::collect(RankContext& ctx, RankUpdate& out) {
-  if (!ctx.pg) out.loss = out.valid_targets > 0 ? out.record.loss_sum / static_cast<double>(out.valid_targets) : 0.0;
+  if (!dp_group(ctx)) out.loss = out.valid_targets > 0 ? out.record.loss_sum / static_cast<double>(out.valid_targets) : 0.0;
   if (ctx.rank != 0) return;
   out.grads = std::move(grads_before_step_);
   out.params_after = params_of(model_, ctx.spec->dtype);
@@ -139,10 +149,22 @@ void ReplicaState::collect(RankContext& ctx, RankUpdate& out) {
 
 std::unique_ptr<Backend> make_single_backend();
 std::unique_ptr<Backend> make_ddp_backend();
+std::unique_ptr<Backend> make_zero1_backend();
+std::unique_ptr<Backend> make_zero2_backend();
+std::unique_ptr<Backend> make_zero3_backend();
+std::unique_ptr<Backend> make_fsdp_backend();
+std::unique_ptr<Backend> make_tp_backend();
+std::unique_ptr<Backend> make_pp_backend();
 
 std::unique_ptr<Backend> make_backend(const std::string& name) {
   if (name == "single") return make_single_backend();
   if (name == "ddp") return make_ddp_backend();
+  if (name == "zero1") return make_zero1_backend();
+  if (name == "zero2") return make_zero2_backend();
+  if (name == "zero3") return make_zero3_backend();
+  if (name == "fsdp") return make_fsdp_backend();
+  if (name == "tp") return make_tp_backend();
+  if (name == "pp") return make_pp_backend();
   std::string known;
   for (const auto& n : backend_names()) known += (known.empty() ? "" : ", ") + n;
   throw std::invalid_argument("unknown backend '" + name + "' (built-in: " + known + ")");

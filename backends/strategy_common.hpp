@@ -13,8 +13,27 @@ namespace gradcert {
 std::vector<std::vector<int64_t>> consumed_ids(const Plan& plan, const Window& w, int dp_rank,
                                                const std::string& inject);
 
-/// Sum-allreduce of a double (and an int64 packed beside it) over ctx.pg; identity at world 1.
+/// The valid targets a rank counts in one collated microbatch: b.valid_targets, or under
+/// the pad-as-target mutant every non-ignored label plus every pad position.
+int64_t counted_targets(const Batch& b, const std::string& inject);
+
+/// Sum-allreduce of a double (and an int64 packed beside it) over the DP group; identity at D = 1.
 std::pair<double, int64_t> allreduce_sum(RankContext& ctx, double x, int64_t n);
+
+/// One window as a DP rank sees it: what it consumes, collated, and the N it uses.
+struct WindowWork {
+  std::vector<std::vector<int64_t>> consumed;  ///< ids per microstep
+  std::vector<Batch> batches;                   ///< one per microstep (possibly empty)
+  int64_t local_targets = 0;                    ///< n_r, as counted (see counted_targets)
+  int64_t window_targets = 0;                   ///< N: n_r summed over the DP group
+  /// The factor on S_{r,a} for microstep a (the D*S/N rule or the planted variant).
+  double scale(const RankContext& ctx, int a, int dp) const;
+};
+
+/// Collates the window for this rank and computes N by a sum-allreduce of local counts over
+/// the DP group (every rank joins, even with no examples). `last_full_targets` carries the
+/// previous full window's N for the stale-window-count mutant.
+WindowWork prepare_window(RankContext& ctx, int update, int64_t& last_full_targets);
 
 /// A full replica: model, optimizer slots, the window's accumulation.
 class ReplicaState {

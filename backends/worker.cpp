@@ -1,6 +1,5 @@
 #include "backends/worker.hpp"
 
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <chrono>
@@ -40,18 +39,14 @@ void maybe_corrupt(const std::string& dir, int rank, int update) {
   std::filesystem::resize_file(path, std::filesystem::file_size(path) - 8);
 }
 
-c10::intrusive_ptr<c10d::Backend> make_process_group(int rank, int world, int port, double timeout_s) {
-  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+c10::intrusive_ptr<c10d::Store> make_store(int rank, int world, int port, double timeout_s) {
   c10d::TCPStoreOptions opts;
   opts.port = static_cast<uint16_t>(port);
   opts.isServer = rank == 0;
   opts.numWorkers = world;
   opts.waitWorkers = false;
-  opts.timeout = timeout;
-  auto store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", opts);
-  auto pg_opts = c10d::ProcessGroupGloo::Options::create(timeout);
-  pg_opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-  return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world, pg_opts);
+  opts.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+  return c10::make_intrusive<c10d::TCPStore>("127.0.0.1", opts);
 }
 
 }  // namespace
@@ -73,7 +68,7 @@ int worker_main(const WorkerArgs& args) {
     ctx.rank = rank;
     ctx.world = world;
     ctx.inject = args.inject;
-    if (world > 1) ctx.pg = make_process_group(rank, world, args.store_port, spec.timeout.collective_s);
+    if (world > 1) make_process_groups(ctx, make_store(rank, world, args.store_port, spec.timeout.collective_s));
     backend->setup(ctx);
 
     std::vector<RankUpdateRecord> records;

@@ -1,0 +1,97 @@
+#include "backends/zero.hpp"
+
+namespace gradcert {
+
+namespace {
+
+std::vector<std::pair<std::string, torch::Tensor>> params_by_name(TinyLM& model) {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (auto& p : model->named_parameters()) out.emplace_back(p.key(), p.value());
+  return out;
+}
+
+torch::Tensor flat_grads(TinyLM& model, const FlatLayout& layout) {
+  std::map<std::string, torch::Tensor> grads;
+  for (auto& p : model->named_parameters()) grads[p.key()] = p.value().grad();
+  std::vector<torch::Tensor> parts;
+  for (const auto& e : layout.entries) parts.push_back(grads.at(e.name).reshape({-1}));
+  return torch::cat(parts);
+}
+
+}  // namespace
+
+void ZeroState::setup(RankContext& ctx) {
+  replica_.setup(ctx);
+  const TensorMap init = initial_params(*ctx.spec);
+  layout_ = FlatLayout::of(init);
+  shard_ = std::make_unique<FlatShard>(0, layout_.total, ctx.plan->dp, ctx.plan->dp_rank_of(ctx.rank));
+  const auto master_type = ctx.spec->dtype == DType::BFloat16 ? torch::kFloat32 : scalar_type(ctx.spec->dtype);
+  master_ = torch::zeros({shard_->shard}, master_type);
+  std::vector<torch::Tensor> parts;
+  for (const auto& e : layout_.entries) parts.push_back(from_host(init.at(e.name), master_type).reshape({-1}));
+  auto flat = torch::cat(parts);
+  master_.slice(0, 0, shard_->hi() - shard_->lo()).copy_(flat.slice(0, shard_->lo(), shard_->hi()));
+  if (stage_ == 3) free_params();
+}
+
+void ZeroState::gather_params(RankContext& ctx) {
+  torch::NoGradGuard ng;
+  const auto dtype = scalar_type(ctx.spec->dtype);
+  auto full = shard_->all_gather(ctx, master_.to(dtype));
+  for (auto& [name, p] : params_by_name(replica_.model())) {
+    const auto& e = layout_.at(name);
+    p.set_data(full.slice(0, e.offset, e.offset + e.numel).reshape(e.shape).clone());
+  }
+}
+
+void ZeroState::free_params() {
+  for (auto& [name, p] : params_by_name(replica_.model())) {
+    p.set_data(torch::empty({0}, p.options()));
+    p.mutable_grad().reset();
+  }
+}
+
+RankUpdate ZeroState::run_update(RankContext& ctx, int update) {
+  const int dp = ctx.plan->dp;
+  // NOTE [stale-gathered-params] The mutant keeps the parameters gathered for update 0:
+  // it never frees them and never gathers again, so it computes with stale weights.
+  const bool stale = ctx.inject == "stale-gathered-params";
+  if (stage_ == 3 && !(stale && update > 0)) gather_params(ctx);
+
+  RankUpdate out = replica_.accumulate(ctx, update);
+  auto [S, unused] = allreduce_sum(ctx, out.record.loss_sum, 0);
+  (void)unused;
+  out.loss = out.valid_targets > 0 ? S / static_cast<double>(out.valid_targets) : 0.0;
+
+  torch::NoGradGuard ng;
+  torch::Tensor grad_shard;
+  const auto local = flat_grads(replica_.model(), layout_);
+  if (stage_ == 1) {
+    // Stage 1: gradients are all-reduced in full; each rank keeps its slice.
+    std::vector<at::Tensor> t{local / static_cast<double>(dp)};
+    if (auto g = dp_group(ctx); g && ctx.inject != "missing-final-sync") g->allreduce(t, c10d::AllreduceOptions{})->wait();
+    grad_shard = torch::zeros({shard_->shard}, local.options());
+    grad_shard.slice(0, 0, shard_->hi() - shard_->lo()).copy_(t[0].slice(0, shard_->lo(), shard_->hi()));
+  } else {
+    // Stages 2-3: reduce-scatter; the planted shard-divide-factor divides by D twice.
+    const double divisor = ctx.inject == "shard-divide-factor" ? double(dp) * dp : double(dp);
+    grad_shard = shard_->reduce_scatter(ctx, local, divisor);
+  }
+  optimizer_step(ctx.spec->optimizer, update + 1, master_, grad_shard.to(master_.scalar_type()), slot_);
+
+  if (stage_ < 3) gather_params(ctx);
+  else if (!stale) free_params();
+
+  // Artifacts: each DP rank owns its shard of the flat gradient and parameters.
+  const int64_t lo = shard_->lo(), n = shard_->hi() - shard_->lo();
+  out.grads = assemble_full(ctx, layout_, ctx.spec->dtype, [&](torch::Tensor flat) {
+    flat.slice(0, lo, lo + n).copy_(grad_shard.slice(0, 0, n).to(torch::kFloat64));
+  });
+  const auto dtype = scalar_type(ctx.spec->dtype);
+  out.params_after = assemble_full(ctx, layout_, ctx.spec->dtype, [&](torch::Tensor flat) {
+    flat.slice(0, lo, lo + n).copy_(master_.slice(0, 0, n).to(dtype).to(torch::kFloat64));
+  });
+  return out;
+}
+
+}  // namespace gradcert

@@ -1,0 +1,31 @@
+// ZeRO stages 1-3 (DeepSpeed's partitioning) over one flat parameter space split in D shards.
+#pragma once
+#include <memory>
+
+#include "backends/parallel.hpp"
+#include "backends/strategy_common.hpp"
+
+namespace gradcert {
+
+/// A replica whose optimizer state (stage 1), gradients (stage 2) and parameters (stage 3)
+/// are partitioned over the D data-parallel ranks. Each rank steps only its shard, with
+/// master weights for that shard; updated shards are all-gathered into the model.
+class ZeroState {
+ public:
+  explicit ZeroState(int stage) : stage_(stage) {}
+  void setup(RankContext& ctx);
+  RankUpdate run_update(RankContext& ctx, int update);
+
+ private:
+  void gather_params(RankContext& ctx);
+  void free_params();
+
+  int stage_;
+  ReplicaState replica_;
+  FlatLayout layout_;
+  std::unique_ptr<FlatShard> shard_;
+  torch::Tensor master_;  ///< this rank's parameter shard (padded; float32 for bfloat16 runs)
+  OptimizerSlot slot_;
+};
+
+}  // namespace gradcert

@@ -48,8 +48,7 @@ TinyLMImpl::TinyLMImpl(const ModelSpec& m) {
 }
 
 torch::Tensor TinyLMImpl::forward(const torch::Tensor& input) {
-  const auto T = input.size(1);
-  auto pos = torch::arange(T, torch::kLong);
+  auto pos = torch::arange(input.size(1), torch::kLong);
   auto x = wte->forward(input) + wpe->forward(pos).unsqueeze(0);
   for (const auto& b : *blocks) x = b->as<Block>()->forward(x);
   return lm_head->forward(ln_f->forward(x));
@@ -158,11 +157,21 @@ Batch collate(const Spec& spec, const std::vector<int64_t>& ids) {
   return b;
 }
 
-torch::Tensor loss_sum(TinyLM& model, const Batch& batch) {
-  auto logits = model->forward(batch.input);
+torch::Tensor token_loss_sum(torch::Tensor logits, const torch::Tensor& labels) {
   if (logits.scalar_type() == torch::kBFloat16) logits = logits.to(torch::kFloat32);
-  return F::cross_entropy(logits.reshape({-1, logits.size(-1)}), batch.labels.reshape({-1}),
+  return F::cross_entropy(logits.reshape({-1, logits.size(-1)}), labels.reshape({-1}),
                           F::CrossEntropyFuncOptions().ignore_index(kIgnoreIndex).reduction(torch::kSum));
+}
+
+torch::Tensor loss_sum(TinyLM& model, const Batch& batch) { return token_loss_sum(model->forward(batch.input), batch.labels); }
+
+torch::Tensor embed_tokens(TinyLM& model, const torch::Tensor& input) {
+  auto pos = torch::arange(input.size(1), torch::kLong);
+  return model->wte->forward(input) + model->wpe->forward(pos).unsqueeze(0);
+}
+
+torch::Tensor head_loss_sum(TinyLM& model, const torch::Tensor& hidden, const torch::Tensor& labels) {
+  return token_loss_sum(model->lm_head->forward(model->ln_f->forward(hidden)), labels);
 }
 
 void optimizer_step(const OptimizerSpec& opt, int64_t step, torch::Tensor param, const torch::Tensor& grad,

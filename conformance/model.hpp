@@ -69,6 +69,13 @@ Batch collate(const Spec& spec, const std::vector<int64_t>& ids);
 /// float32 otherwise). Zero (with a graph) for a batch without targets.
 torch::Tensor loss_sum(TinyLM& model, const Batch& batch);
 
+/// The pieces of forward that model-parallel strategies split: token + position embedding,
+/// and from the last block's output to S (ln_f, lm_head, cross-entropy sum).
+torch::Tensor embed_tokens(TinyLM& model, const torch::Tensor& input);
+torch::Tensor head_loss_sum(TinyLM& model, const torch::Tensor& hidden, const torch::Tensor& labels);
+/// The cross-entropy sum of logits against labels (ignoring kIgnoreIndex; bf16 in float32).
+torch::Tensor token_loss_sum(torch::Tensor logits, const torch::Tensor& labels);
+
 /// Elementwise optimizer state for one parameter (or one shard of it).
 struct OptimizerSlot {
   torch::Tensor m, v;  ///< momentum buffer / AdamW moments

@@ -61,6 +61,8 @@ class Backend {
   virtual std::string name() const = 0;
   /// Throws std::invalid_argument when this strategy cannot run the topology or mutant.
   virtual void validate(const Plan& plan, int world, const std::string& inject) const;
+  /// Throws std::invalid_argument naming the model.* field this strategy cannot split.
+  virtual void validate_model(const ModelSpec&, const Plan&) const {}
   /// Builds the model (from initial_params) and optimizer state on this rank.
   virtual void setup(RankContext& ctx) = 0;
   /// Runs one optimizer update (all microsteps of window `update`) on this rank.

@@ -58,10 +58,6 @@ double loss_scale(const std::string& inject, int dp, int accum, int64_t window_t
 
 void ReplicaState::setup(RankContext& ctx) {
   model_ = make_model(ctx.spec->model, initial_params(*ctx.spec), scalar_type(ctx.spec->dtype));
-  // NOTE [mixed precision] bfloat16 runs follow the usual recipe: bf16 weights and
-  // gradients for compute, float32 master weights and optimizer state for the step.
-  if (ctx.spec->dtype == DType::BFloat16)
-    for (auto& p : model_->named_parameters()) master_[p.key()] = p.value().detach().to(torch::kFloat32);
 }
 
 double WindowWork::scale(const RankContext& ctx, int a, int dp) const {
@@ -106,38 +102,51 @@ RankUpdate ReplicaState::accumulate(RankContext& ctx, int update) {
   return out;
 }
 
-void ReplicaState::sync(RankContext& ctx, RankUpdate& out) {
-  auto [S, unused] = allreduce_sum(ctx, out.record.loss_sum, 0);
-  (void)unused;
-  out.loss = out.valid_targets > 0 ? S / static_cast<double>(out.valid_targets) : 0.0;
+void average_gradients(RankContext& ctx, const std::vector<torch::Tensor>& params) {
   auto group = dp_group(ctx);
-  if (!group || ctx.inject == "missing-final-sync") return;
+  if (!group || ctx.inject == "missing-final-sync" || params.empty()) return;
   torch::NoGradGuard ng;
   std::vector<torch::Tensor> grads;
-  for (auto& p : model_->parameters()) grads.push_back(p.grad().view({-1}));
+  for (const auto& p : params) grads.push_back(p.grad().reshape({-1}));
   std::vector<at::Tensor> flat{torch::cat(grads).div_(static_cast<double>(ctx.plan->dp))};
   group->allreduce(flat, c10d::AllreduceOptions{})->wait();
   int64_t offset = 0;
-  for (auto& p : model_->parameters()) {
+  for (const auto& p : params) {
     const auto n = p.numel();
     p.grad().copy_(flat[0].slice(0, offset, offset + n).view_as(p));
     offset += n;
   }
 }
 
-void ReplicaState::step(RankContext& ctx, int update) {
-  if (ctx.rank == 0) grads_before_step_ = grads_of(model_, ctx.spec->dtype);
+void ParamStepper::step(const RankContext& ctx, int update,
+                        const std::vector<std::pair<std::string, torch::Tensor>>& params) {
   torch::NoGradGuard ng;
-  for (auto& p : model_->named_parameters()) {
-    auto master = master_.find(p.key());
-    if (master == master_.end()) {
-      optimizer_step(ctx.spec->optimizer, update + 1, p.value(), p.value().grad(), slots_[p.key()]);
+  for (const auto& [name, p] : params) {
+    if (ctx.spec->dtype != DType::BFloat16) {
+      optimizer_step(ctx.spec->optimizer, update + 1, p, p.grad(), slots_[name]);
       continue;
     }
-    optimizer_step(ctx.spec->optimizer, update + 1, master->second, p.value().grad().to(torch::kFloat32),
-                   slots_[p.key()]);
-    p.value().copy_(master->second);
+    // NOTE [mixed precision] bfloat16 runs follow the usual recipe: bf16 weights and
+    // gradients for compute, float32 master weights and optimizer state for the step.
+    auto& master = masters_[name];
+    if (!master.defined()) master = p.detach().to(torch::kFloat32);
+    optimizer_step(ctx.spec->optimizer, update + 1, master, p.grad().to(torch::kFloat32), slots_[name]);
+    p.copy_(master);
   }
+}
+
+void ReplicaState::sync(RankContext& ctx, RankUpdate& out) {
+  auto [S, unused] = allreduce_sum(ctx, out.record.loss_sum, 0);
+  (void)unused;
+  out.loss = out.valid_targets > 0 ? S / static_cast<double>(out.valid_targets) : 0.0;
+  average_gradients(ctx, model_->parameters());
+}
+
+void ReplicaState::step(RankContext& ctx, int update) {
+  if (ctx.rank == 0) grads_before_step_ = grads_of(model_, ctx.spec->dtype);
+  std::vector<std::pair<std::string, torch::Tensor>> params;
+  for (auto& p : model_->named_parameters()) params.emplace_back(p.key(), p.value());
+  stepper_.step(ctx, update, params);
 }
 
 void ReplicaState::collect(RankContext& ctx, RankUpdate& out) {

@@ -35,6 +35,21 @@ struct WindowWork {
 /// previous full window's N for the stale-window-count mutant.
 WindowWork prepare_window(RankContext& ctx, int update, int64_t& last_full_targets);
 
+/// Averages the gradients of `params` over the DP group as one flat buffer: divide by D,
+/// then SUM (Gloo has no AVG). Skipped under the missing-final-sync mutant.
+void average_gradients(RankContext& ctx, const std::vector<torch::Tensor>& params);
+
+/// Optimizer steps for named parameters: per-parameter state; float32 master weights
+/// for bfloat16 runs.
+class ParamStepper {
+ public:
+  void step(const RankContext& ctx, int update, const std::vector<std::pair<std::string, torch::Tensor>>& params);
+
+ private:
+  std::map<std::string, OptimizerSlot> slots_;
+  std::map<std::string, torch::Tensor> masters_;
+};
+
 /// A full replica: model, optimizer slots, the window's accumulation.
 class ReplicaState {
  public:
@@ -54,8 +69,7 @@ class ReplicaState {
 
  private:
   TinyLM model_{nullptr};
-  std::map<std::string, OptimizerSlot> slots_;
-  std::map<std::string, torch::Tensor> master_;  ///< float32 master weights (bfloat16 runs)
+  ParamStepper stepper_;
   int64_t last_full_window_targets_ = -1;
   TensorMap grads_before_step_;
 };

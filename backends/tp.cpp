@@ -1,4 +1,230 @@
-#include "backends/backend.hpp"
+// tp: Megatron-style tensor parallelism. In each block, the q|k|v projection and the first
+// MLP linear are column-parallel (a TP rank holds H/TP heads and d_ff/TP hidden units) and
+// the attention output projection and the second MLP linear are row-parallel, followed
+// by an all-reduce over the TP group. Embeddings, norms, biases after a row-parallel
+// linear and the LM head are replicated. With world > TP, it is TP x DP: gradients are
+// averaged over the DP group. TP ranks of a replica consume the same examples.
+#include "backends/parallel.hpp"
+#include "backends/strategy_common.hpp"
+
+#include <torch/csrc/distributed/c10d/Types.hpp>
+
 namespace gradcert {
-std::unique_ptr<Backend> make_tp_backend() { throw std::invalid_argument("backend tp: not built yet"); }
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// NOTE [tp group] The conjugate operators reach the TP group through a thread-local, as a
+// custom autograd Function cannot carry a process group through the graph.
+thread_local c10d::Backend* tp_group = nullptr;
+
+torch::Tensor tp_all_reduce(const torch::Tensor& t) {
+  if (!tp_group) return t.clone();  // TP = 1
+  std::vector<at::Tensor> v{t.contiguous().clone()};
+  tp_group->allreduce(v, c10d::AllreduceOptions{})->wait();
+  return v[0];
+}
+
+// f: identity forward, all-reduce of the input gradient backward (before column-parallel).
+struct CopyToTp : torch::autograd::Function<CopyToTp> {
+  static torch::Tensor forward(AutogradContext*, torch::Tensor x) { return x.clone(); }
+  static variable_list backward(AutogradContext*, variable_list g) { return {tp_all_reduce(g[0])}; }
+};
+
+// g: all-reduce forward, identity backward (after row-parallel).
+struct ReduceFromTp : torch::autograd::Function<ReduceFromTp> {
+  static torch::Tensor forward(AutogradContext*, torch::Tensor x) { return tp_all_reduce(x); }
+  static variable_list backward(AutogradContext*, variable_list g) { return {g[0]}; }
+};
+
+// The (canonical slice, local tensor) pairs of one parameter on TP rank t.
+std::vector<std::pair<torch::Tensor, torch::Tensor>> tp_pieces(const std::string& name, const torch::Tensor& canonical,
+                                                               const torch::Tensor& local, int tp, int t) {
+  auto ends = [&](const std::string& suffix) {
+    return name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  if (ends(".qkv.weight")) {
+    const int64_t d = canonical.size(1), dl = d / tp;
+    std::vector<std::pair<torch::Tensor, torch::Tensor>> out;
+    for (int64_t j = 0; j < 3; ++j)
+      out.emplace_back(canonical.narrow(0, j * d + t * dl, dl), local.narrow(0, j * dl, dl));
+    return out;
+  }
+  if (ends(".proj.weight") || ends(".fc_out.weight")) {
+    const int64_t n = canonical.size(1) / tp;
+    return {{canonical.narrow(1, t * n, n), local}};
+  }
+  if (ends(".fc.weight") || ends(".fc.bias")) {
+    const int64_t n = canonical.size(0) / tp;
+    return {{canonical.narrow(0, t * n, n), local}};
+  }
+  return {{canonical, local}};  // replicated
+}
+
+bool tp_sharded(const std::string& name) {
+  for (const char* s : {".qkv.weight", ".proj.weight", ".fc_out.weight", ".fc.weight", ".fc.bias"})
+    if (name.size() > std::strlen(s) && name.compare(name.size() - std::strlen(s), std::strlen(s), s) == 0) return true;
+  return false;
+}
+
+// A linear layer's local weight (and bias) without a forward of its own: the TP block
+// decides where the all-reduce and the bias go.
+struct LocalLinearImpl : torch::nn::Module {
+  LocalLinearImpl(int64_t out, int64_t in, bool with_bias) {
+    weight = register_parameter("weight", torch::zeros({out, in}));
+    if (with_bias) bias = register_parameter("bias", torch::zeros({out}));
+  }
+  torch::Tensor weight, bias;
+};
+TORCH_MODULE(LocalLinear);
+
+// One block on TP rank t: canonical names, sharded shapes.
+struct TpBlockImpl : torch::nn::Module {
+  TpBlockImpl(const ModelSpec& m, int tp) : heads_local(m.heads / tp) {
+    const int64_t d = m.d_model, dl = d / tp, fl = m.d_ff / tp;
+    ln1 = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
+    qkv = register_module("qkv", LocalLinear(3 * dl, d, false));      // column-parallel
+    proj = register_module("proj", LocalLinear(d, dl, true));         // row-parallel, bias replicated
+    ln2 = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
+    fc = register_module("fc", LocalLinear(fl, d, true));             // column-parallel
+    fc_out = register_module("fc_out", LocalLinear(d, fl, true));     // row-parallel, bias replicated
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    namespace F = torch::nn::functional;
+    auto h = CopyToTp::apply(ln1->forward(x));
+    auto att = causal_self_attention(F::linear(h, qkv->weight), heads_local);
+    x = x + ReduceFromTp::apply(F::linear(att, proj->weight)) + proj->bias;
+    auto h2 = CopyToTp::apply(ln2->forward(x));
+    auto hidden = torch::gelu(F::linear(h2, fc->weight, fc->bias));
+    return x + ReduceFromTp::apply(F::linear(hidden, fc_out->weight)) + fc_out->bias;
+  }
+  int heads_local;
+  torch::nn::LayerNorm ln1{nullptr}, ln2{nullptr};
+  LocalLinear qkv{nullptr}, proj{nullptr}, fc{nullptr}, fc_out{nullptr};
+};
+TORCH_MODULE(TpBlock);
+
+// The local part of the model: canonical names, sharded shapes.
+struct TpModelImpl : torch::nn::Module {
+  TpModelImpl(const ModelSpec& m, int tp) {
+    wte = register_module("wte", torch::nn::Embedding(m.vocab, m.d_model));
+    wpe = register_module("wpe", torch::nn::Embedding(m.max_len, m.d_model));
+    blocks = register_module("blocks", torch::nn::ModuleList());
+    for (int i = 0; i < m.layers; ++i) blocks->push_back(TpBlock(m, tp));
+    ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({m.d_model})));
+    lm_head = register_module("lm_head", torch::nn::Linear(torch::nn::LinearOptions(m.d_model, m.vocab).bias(false)));
+  }
+  torch::Tensor forward(const torch::Tensor& input) {
+    auto pos = torch::arange(input.size(1), torch::kLong);
+    auto x = wte->forward(input) + wpe->forward(pos).unsqueeze(0);
+    for (const auto& b : *blocks) x = b->as<TpBlock>()->forward(x);
+    return lm_head->forward(ln_f->forward(x));
+  }
+  torch::nn::Embedding wte{nullptr}, wpe{nullptr};
+  torch::nn::ModuleList blocks{nullptr};
+  torch::nn::LayerNorm ln_f{nullptr};
+  torch::nn::Linear lm_head{nullptr};
+};
+TORCH_MODULE(TpModel);
+
+}  // namespace
+
+class TpBackend : public Backend {
+ public:
+  std::string name() const override { return "tp"; }
+  void validate(const Plan& plan, int world, const std::string& inject) const override {
+    if (plan.pp != 1) throw std::invalid_argument("backend tp needs PP = 1 (TP x PP is not built in)");
+    Backend::validate(plan, world, inject);
+  }
+  void validate_model(const ModelSpec& m, const Plan& plan) const override {
+    if (m.heads % plan.tp != 0)
+      throw std::invalid_argument("backend tp: model.heads (" + std::to_string(m.heads) + ") must be divisible by TP (" +
+                                  std::to_string(plan.tp) + ")");
+    if (m.d_ff % plan.tp != 0)
+      throw std::invalid_argument("backend tp: model.d_ff (" + std::to_string(m.d_ff) + ") must be divisible by TP (" +
+                                  std::to_string(plan.tp) + ")");
+  }
+
+  void setup(RankContext& ctx) override {
+    const ModelSpec& m = ctx.spec->model;
+    tp_ = ctx.plan->tp;
+    me_ = coords_of(*ctx.plan, ctx.rank);
+    tp_group = ctx.tp_pg ? ctx.tp_pg.get() : nullptr;
+    if (tp_ > 1 && !tp_group) throw std::logic_error("backend tp: no TP process group");
+    (void)m;
+    const TensorMap init = initial_params(*ctx.spec);
+    layout_ = FlatLayout::of(init);
+    const auto dtype = scalar_type(ctx.spec->dtype);
+    model_ = TpModel(m, tp_);
+    model_->to(dtype);
+    torch::NoGradGuard ng;
+    for (auto& p : model_->named_parameters()) {
+      auto full = from_host(init.at(p.key()), dtype);
+      for (auto& [canonical, local] : tp_pieces(p.key(), full, p.value(), tp_, me_.tp)) local.copy_(canonical);
+    }
+  }
+
+  RankUpdate run_update(RankContext& ctx, int update) override {
+    tp_group = ctx.tp_pg ? ctx.tp_pg.get() : nullptr;
+    const WindowWork work = prepare_window(ctx, update, last_full_targets_);
+    RankUpdate out;
+    out.record.update = update;
+    out.record.consumed = work.consumed;
+    out.record.valid_targets = work.local_targets;
+    out.valid_targets = work.window_targets;
+    // The planted tp-counted-as-dp takes D as the world size, counting TP ranks as replicas.
+    const int dp = ctx.inject == "tp-counted-as-dp" ? ctx.world : ctx.plan->dp;
+
+    std::vector<torch::Tensor> params;
+    for (auto& p : model_->parameters()) {
+      p.mutable_grad() = torch::zeros_like(p);
+      params.push_back(p);
+    }
+    for (size_t a = 0; a < work.batches.size(); ++a) {
+      const Batch& b = work.batches[a];
+      if (b.empty()) continue;
+      auto S = token_loss_sum(model_->forward(b.input), b.labels);
+      (S * work.scale(ctx, static_cast<int>(a), dp)).backward();
+      out.record.loss_sum += S.item<double>();
+    }
+    auto [S, unused] = allreduce_sum(ctx, out.record.loss_sum, 0);
+    (void)unused;
+    out.loss = out.valid_targets > 0 ? S / static_cast<double>(out.valid_targets) : 0.0;
+    average_gradients(ctx, params);
+
+    out.grads = assemble(ctx, true);
+    std::vector<std::pair<std::string, torch::Tensor>> named;
+    for (auto& p : model_->named_parameters()) named.emplace_back(p.key(), p.value());
+    stepper_.step(ctx, update, named);
+    out.params_after = assemble(ctx, false);
+    return out;
+  }
+
+ private:
+  // Replica 0 fills: each TP rank its slices of sharded tensors, TP rank 0 the replicated.
+  TensorMap assemble(RankContext& ctx, bool grads) {
+    return assemble_full(ctx, layout_, ctx.spec->dtype, [&](torch::Tensor flat) {
+      if (me_.dp != 0) return;
+      for (auto& p : model_->named_parameters()) {
+        if (!tp_sharded(p.key()) && me_.tp != 0) continue;
+        const auto& e = layout_.at(p.key());
+        auto canonical = flat.slice(0, e.offset, e.offset + e.numel).view(e.shape);
+        auto local = (grads ? p.value().grad() : p.value()).detach().to(torch::kFloat64);
+        for (auto& [c, l] : tp_pieces(p.key(), canonical, local, tp_, me_.tp)) c.copy_(l);
+      }
+    });
+  }
+
+  int tp_ = 1;
+  Coords me_;
+  TpModel model_{nullptr};
+  FlatLayout layout_;
+  ParamStepper stepper_;
+  int64_t last_full_targets_ = -1;
+};
+
+std::unique_ptr<Backend> make_tp_backend() { return std::make_unique<TpBackend>(); }
+
 }  // namespace gradcert

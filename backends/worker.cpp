@@ -61,6 +61,7 @@ int worker_main(const WorkerArgs& args) {
     const Plan plan = make_plan(spec);
     auto backend = make_backend(args.backend);
     backend->validate(plan, world, args.inject);
+    backend->validate_model(spec.model, plan);
 
     RankContext ctx;
     ctx.spec = &spec;

@@ -82,7 +82,9 @@ RunReport run_backend(const RunRequest& req) {
     if (!req.inject.empty()) throw std::invalid_argument("--inject applies to built-in backends only");
   } else {
     if (req.sampler_audit) throw std::invalid_argument("--sampler-audit applies to --backend external only");
-    make_backend(req.backend)->validate(plan, world, req.inject);
+    auto backend = make_backend(req.backend);
+    backend->validate(plan, world, req.inject);
+    backend->validate_model(spec.model, plan);
   }
 
   RunReport report;

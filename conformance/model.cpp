@@ -23,18 +23,21 @@ BlockImpl::BlockImpl(const ModelSpec& m) : heads(m.heads) {
   fc_out = register_module("fc_out", torch::nn::Linear(m.d_ff, m.d_model));
 }
 
-torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
-  const auto B = x.size(0), T = x.size(1), C = x.size(2);
+torch::Tensor causal_self_attention(const torch::Tensor& qkv_out, int heads) {
+  const auto B = qkv_out.size(0), T = qkv_out.size(1), C = qkv_out.size(2) / 3;
   const auto hd = C / heads;
-  auto parts = qkv->forward(ln1->forward(x)).chunk(3, -1);
-  auto split = [&](const torch::Tensor& t) { return t.view({B, T, heads, hd}).transpose(1, 2); };
+  auto parts = qkv_out.chunk(3, -1);
+  auto split = [&](const torch::Tensor& t) { return t.reshape({B, T, heads, hd}).transpose(1, 2); };
   auto q = split(parts[0]), k = split(parts[1]), v = split(parts[2]);
   auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(hd));
   // Causal mask. With right padding, real positions never attend to padding.
   auto future = torch::ones({T, T}, torch::kBool).triu(1);
   scores = scores.masked_fill(future, -std::numeric_limits<double>::infinity());
-  auto att = torch::matmul(torch::softmax(scores, -1), v).transpose(1, 2).reshape({B, T, C});
-  auto h = x + proj->forward(att);
+  return torch::matmul(torch::softmax(scores, -1), v).transpose(1, 2).reshape({B, T, C});
+}
+
+torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
+  auto h = x + proj->forward(causal_self_attention(qkv->forward(ln1->forward(x)), heads));
   return h + fc_out->forward(torch::gelu(fc->forward(ln2->forward(h))));
 }
 

@@ -12,6 +12,10 @@
 
 namespace gradcert {
 
+/// Causal multi-head self-attention from the q|k|v projection [B, T, 3C] -> [B, T, C]
+/// (q, k, v are chunks of the last dim; heads split C as [heads, C / heads]).
+torch::Tensor causal_self_attention(const torch::Tensor& qkv_out, int heads);
+
 /// GPT-style block: pre-LN causal self-attention and MLP, each with a residual.
 struct BlockImpl : torch::nn::Module {
   BlockImpl(const ModelSpec& m);

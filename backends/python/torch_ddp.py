@@ -16,7 +16,6 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 import gradcert_model as gm  # noqa: E402
@@ -66,8 +65,7 @@ def main():
     gm.train(run, rank, world, ddp, DDPStrategy(ddp, inner), optimizer, rec, wrong=args.wrong, masters=masters)
     rec.finish({"optimizer": args.optim, "sampler": run.sampler},
                notes="DDP averages over world=D; backward D*S/N per microstep; no_sync on microsteps 0..A-2")
-    dist.barrier()
-    dist.destroy_process_group()
+    gm.shutdown()
 
 
 if __name__ == "__main__":

@@ -11,12 +11,13 @@ no_sync(). A rank with an empty microbatch runs a zero-loss forward/backward on 
 microstep (its forward all-gathers parameters). Full gradients and parameters for the
 artifacts come from summon_full_params(with_grads=True), outside the timed region.
 
-NOTE [FSDP1 on CPU] FSDP1 only runs where its device handle reports an available
-accelerator. Without device_id, torch 2.13's _init_utils._init_device_handle raises
-"FSDP needs a non-CPU accelerator device, but no accelerator device is detected."; the
-adapter therefore passes device_id=cpu and, if the stack still refuses to run on this
-machine, exits 77 ("skip") with the exact error, so gradcert's tests SKIP instead of
-passing. See backends/python/README.md for the evidence per torch version.
+NOTE [FSDP1 on CPU] Without device_id, torch 2.13 refuses CPU: _init_utils.py:390
+(_init_device_handle) raises "FSDP needs a non-CPU accelerator device, but no accelerator
+device is detected." With device_id=cpu the device handle wraps torch.cpu (is_available()
+is true), FULL_SHARD runs on Gloo and really shards (2896 of 5792 parameters per rank at
+world 2). If some torch build refuses CPU even so, the adapter prints "SKIP: FSDP1 needs
+CUDA here: ..." with the error and its source line and exits 77, so gradcert's tests SKIP
+instead of passing. GRADCERT_FSDP1_DEVICE_ID=none reproduces the refusal.
 """
 
 import argparse
@@ -27,7 +28,6 @@ import traceback
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP  # noqa: E402
 from torch.distributed.fsdp import MixedPrecision, ShardingStrategy  # noqa: E402
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy  # noqa: E402
@@ -75,8 +75,11 @@ def main():
     bf16 = run.dtype == torch.bfloat16
     model = run.build_model(torch.float32 if bf16 else run.dtype)
     mp = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16) if bf16 else None
+    # GRADCERT_FSDP1_DEVICE_ID=none reproduces the refusal (no device_id: FSDP1 looks for an
+    # accelerator); the default passes device_id=cpu, which torch 2.13 accepts.
+    device_id = None if os.environ.get("GRADCERT_FSDP1_DEVICE_ID") == "none" else torch.device("cpu")
     try:
-        model = FSDP(model, sharding_strategy=ShardingStrategy.FULL_SHARD, device_id=torch.device("cpu"),
+        model = FSDP(model, sharding_strategy=ShardingStrategy.FULL_SHARD, device_id=device_id,
                      auto_wrap_policy=ModuleWrapPolicy({gm.Block}), use_orig_params=True, mixed_precision=mp)
         strategy = FSDP1Strategy(model)
         optimizer = gm.make_optimizer(model.parameters(), run.spec["optimizer"], args.optim)
@@ -97,8 +100,7 @@ def main():
     rec.finish({"optimizer": args.optim, "sampler": run.sampler},
                notes="FSDP1 FULL_SHARD, one unit per block + root, use_orig_params; divides by D once; "
                      "backward D*S/N; no_sync on microsteps 0..A-2")
-    dist.barrier()
-    dist.destroy_process_group()
+    gm.shutdown()
 
 
 if __name__ == "__main__":

@@ -7,13 +7,13 @@ fully_shard on every block, then on the root (wte, wpe, ln_f, lm_head). Paramete
 DTensors sharded on dim 0 over the D ranks; the optimizer steps the local shards.
 
 NOTE [FSDP2 gradient scaling] FSDP2 reduce-scatters gradients and divides by the shard
-group size D once (torch 2.13 _fsdp_collectives._get_gradient_divide_factors: with no
-set_gradient_divide_factor, factor = D; float64 has "overflow risk", so it is a SUM
-reduce-scatter with a pre-division of the local gradient and a post-division of the
-shard (pre x post = D); float32/bf16 would use ReduceOp.AVG, which Gloo does not
-implement, so we call set_force_sum_reduction_for_comms(True): SUM plus a post-division
-by D, the same arithmetic). Averaging over D with D*S/N per microstep gives sum S / N:
-we backpropagate D*S/N and never scale again.
+group size D exactly once (torch 2.13 _fsdp_collectives._get_gradient_divide_factors:
+without set_gradient_divide_factor the factor is D; float64 counts as "overflow risk",
+so it is a SUM reduce-scatter with a pre-division of the local gradient and a
+post-division of the shard, pre x post = D; float32/bf16 use ReduceOp.AVG, which
+torch 2.13's Gloo implements for reduce_scatter_tensor). Averaging over D with D*S/N
+per microstep gives sum S / N: we backpropagate D*S/N and never scale again; the
+divide factor is left at its default.
 
 Gradient accumulation: microsteps 0..A-2 run with set_requires_gradient_sync(False), so
 FSDP2 accumulates unsharded gradients locally and reduce-scatters the sum on microstep
@@ -32,7 +32,6 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
 from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # noqa: E402
 from torch.distributed.tensor import DTensor  # noqa: E402
@@ -77,20 +76,14 @@ def main():
     for block in model.blocks:
         fully_shard(block, mesh=mesh, mp_policy=mp)
     fully_shard(model, mesh=mesh, mp_policy=mp)
-    # Gloo has no ReduceOp.AVG (used for float32/bf16): force SUM + division by D.
-    # Recurse by hand: the setter applies to one FSDP module's groups.
-    for m in model.modules():
-        if hasattr(m, "set_force_sum_reduction_for_comms"):
-            m.set_force_sum_reduction_for_comms(True)
     optimizer = gm.make_optimizer(model.parameters(), run.spec["optimizer"], args.optim)
     backend = "torch-fsdp2" + (f"+wrong-{args.wrong}" if args.wrong else "")
     rec = gm.Recorder(run, rank, world, backend)
     gm.train(run, rank, world, model, FSDP2Strategy(model), optimizer, rec, wrong=args.wrong)
     rec.finish({"optimizer": args.optim, "sampler": run.sampler},
-               notes="fully_shard per block + root; FSDP2 divides by D once (SUM reduce-scatter, "
-                     "force_sum_reduction_for_comms); backward D*S/N; no gradient sync on microsteps 0..A-2")
-    dist.barrier()
-    dist.destroy_process_group()
+               notes="fully_shard per block + root; FSDP2 divides by D once (default divide factor); "
+                     "backward D*S/N; no gradient sync on microsteps 0..A-2")
+    gm.shutdown()
 
 
 if __name__ == "__main__":

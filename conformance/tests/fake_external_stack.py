@@ -1,0 +1,95 @@
+"""A fake external "stack" for gradcert's tests (test_external.cpp): no torch, no ranks.
+
+    python3 fake_external_stack.py MODE
+
+Writes a complete, well-formed artifact set for the plan (rank<g>.json, manifest.json,
+u<k>.grads/params.safetensors with zero tensors of the right names, shapes and dtype),
+then damages u0.grads.safetensors according to MODE, so gradcert's strict reader must
+fail the run naming the file (and the tensor):
+
+  ok              nothing damaged (the artifacts read; the checks then fail on values)
+  truncated       the file loses its last 8 bytes (the last tensor, wte.weight, is cut)
+  wrong-shape     blocks.0.fc.weight has its dimensions swapped
+  wrong-dtype     blocks.0.fc.weight is written as F32 (F16 for a float32 run)
+  missing-tensor  blocks.0.fc.weight is left out
+  oversized-header  the header length field says 200 MiB
+"""
+
+import json
+import os
+import struct
+import sys
+
+BYTES = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2}
+SPEC_DTYPE = {"float64": "F64", "float32": "F32", "bfloat16": "BF16"}
+VICTIM = "blocks.0.fc.weight"
+
+
+def read_header(path):
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        return json.loads(f.read(n))
+
+
+def safetensors_bytes(tensors):
+    """tensors: [(name, dtype, shape)] in file order, zero-filled."""
+    header, offset = {}, 0
+    for name, dtype, shape in tensors:
+        numel = 1
+        for d in shape:
+            numel *= d
+        size = numel * BYTES[dtype]
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)
+    return struct.pack("<Q", len(h)) + h + bytes(offset)
+
+
+def main():
+    mode = sys.argv[1] if len(sys.argv) > 1 else "ok"
+    out = os.environ["GRADCERT_OUT"]
+    with open(os.environ["GRADCERT_PLAN"]) as f:
+        plan = json.load(f)
+    dtype = SPEC_DTYPE[plan["spec"]["dtype"]]
+    shapes = {n: e["shape"] for n, e in read_header(os.environ["GRADCERT_INIT"]).items() if n != "__metadata__"}
+    dp = plan["topology"]["dp"]
+    ranks = dp * plan["topology"]["tp"] * plan["topology"]["pp"]
+
+    for g in range(ranks):
+        d = g // (plan["topology"]["tp"] * plan["topology"]["pp"])
+        ups = [{"update": w["update"], "consumed": [mb["ids"] for mb in w["slots"][d]],
+                "loss_sum": 0.0, "valid_targets": sum(mb["valid_targets"] for mb in w["slots"][d])}
+               for w in plan["windows"]]
+        with open(os.path.join(out, f"rank{g}.json"), "w") as f:
+            json.dump({"schema": "gradcert.rank/1", "rank": g, "dp_rank": d, "updates": ups}, f)
+
+    updates = []
+    for w in plan["windows"]:
+        u = w["update"]
+        for kind in ("grads", "params"):
+            tensors = [(n, dtype, shapes[n]) for n in sorted(shapes)]
+            damaged = u == 0 and kind == "grads"
+            if damaged and mode == "wrong-shape":
+                tensors = [(n, t, list(reversed(s)) if n == VICTIM else s) for n, t, s in tensors]
+            if damaged and mode == "wrong-dtype":
+                other = "F16" if dtype == "F32" else "F32"
+                tensors = [(n, other if n == VICTIM else t, s) for n, t, s in tensors]
+            if damaged and mode == "missing-tensor":
+                tensors = [x for x in tensors if x[0] != VICTIM]
+            data = safetensors_bytes(tensors)
+            if damaged and mode == "truncated":
+                data = data[:-8]
+            if damaged and mode == "oversized-header":
+                data = struct.pack("<Q", 200 << 20) + data[8:]
+            with open(os.path.join(out, f"u{u}.{kind}.safetensors"), "wb") as f:
+                f.write(data)
+        updates.append({"update": u, "loss": 0.0, "valid_targets": w["valid_targets"], "step_seconds": 0.0,
+                        "grads": f"u{u}.grads.safetensors", "params": f"u{u}.params.safetensors"})
+    with open(os.path.join(out, "manifest.json"), "w") as f:
+        json.dump({"schema": "gradcert.artifacts/1", "backend": f"fake-{mode}", "world": ranks,
+                   "updates": updates}, f)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,38 @@
+// The "memory" and "throughput" sections of the report (JSON and Markdown tables). Torch-free.
+#pragma once
+#include <nlohmann/json_fwd.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "conformance/memory.hpp"
+#include "conformance/throughput.hpp"
+
+namespace gradcert {
+
+/// One backend run's memory: the lower bound, the exact model state, and the phase peaks.
+struct MemoryRunReport {
+  std::string backend;
+  int world = 1;
+  bool has_estimate = false;
+  MemoryEstimate estimate;
+  int64_t measured_model_state_bytes = -1;  ///< -1: not measured
+  double budget_bytes = 0;                  ///< 0: no budget
+  std::vector<PhasePeak> peaks;             ///< every rank, bucket and phase
+};
+
+/// {"runs": [{backend, world, estimate{...}, measured_model_state_bytes, budget_bytes,
+/// peaks[...], worst{rank, bucket, phase, peak_bytes}}], "excluded": [...]}.
+nlohmann::json memory_json(const std::vector<MemoryRunReport>& runs);
+/// "## Memory": a summary table (estimate, measured, budget, worst phase) and a peak table
+/// (backend, rank, phase x short / typical / long).
+std::string memory_markdown(const std::vector<MemoryRunReport>& runs);
+
+/// {"runs": [{backend, devices, input_tokens_per_s, target_tokens_per_s, step_seconds,
+/// save_pause_seconds, peak_bytes, speedup, efficiency, gpu_hours_ratio, ...}]}.
+nlohmann::json throughput_json(const std::vector<Throughput>& runs);
+/// "## Throughput": one row per backend; scaling columns read "-" without a baseline.
+std::string throughput_markdown(const std::vector<Throughput>& runs);
+
+}  // namespace gradcert

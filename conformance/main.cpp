@@ -8,6 +8,7 @@
 #include "backends/registry.hpp"
 #include "backends/worker.hpp"
 #include "conformance/certify.hpp"
+#include "conformance/estimate_cli.hpp"
 #include "conformance/harness.hpp"
 
 using namespace gradcert;
@@ -89,7 +90,11 @@ int main(int argc, char** argv) {
   worker->add_option("--port", wargs.store_port)->required();
   worker->add_option("--inject", wargs.inject);
 
+  int estimate_exit = 0;
+  auto* estimate_cmd = add_estimate_command(app, estimate_exit);
+
   CLI11_PARSE(app, argc, argv);
+  if (*estimate_cmd) return estimate_exit;
 
   try {
     if (*worker) return worker_main(wargs);

@@ -1,4 +1,162 @@
-#include "backends/backend.hpp"
+// pp: pipeline parallelism. The blocks are split into PP contiguous stages (stage 0 also
+// holds the embeddings, the last stage the final norm, LM head and loss); each stage keeps
+// only its own parameters. The window's A microbatches run on a GPipe schedule: every
+// forward first (activations sent to the next stage), then every backward in reverse
+// (activation gradients sent to the previous stage), over c10d send/recv. With world > PP
+// it is PP x DP: each stage's gradients are averaged over its DP group. Stages of a replica
+// consume the same examples; shapes are known to both ends from the plan, so an empty
+// microbatch is skipped by both.
+#include "backends/parallel.hpp"
+#include "backends/strategy_common.hpp"
+
 namespace gradcert {
-std::unique_ptr<Backend> make_pp_backend() { throw std::invalid_argument("backend pp: not built yet"); }
+
+class PpBackend : public Backend {
+ public:
+  std::string name() const override { return "pp"; }
+  void validate(const Plan& plan, int world, const std::string& inject) const override {
+    if (plan.tp != 1) throw std::invalid_argument("backend pp needs TP = 1 (TP x PP is not built in)");
+    Backend::validate(plan, world, inject);
+  }
+  void validate_model(const ModelSpec& m, const Plan& plan) const override {
+    if (m.layers < plan.pp)
+      throw std::invalid_argument("backend pp: model.layers (" + std::to_string(m.layers) +
+                                  ") must be at least PP (" + std::to_string(plan.pp) + ")");
+  }
+
+  void setup(RankContext& ctx) override {
+    const Plan& plan = *ctx.plan;
+    me_ = coords_of(plan, ctx.rank);
+    const int L = ctx.spec->model.layers, P = plan.pp;
+    first_block_ = me_.pp * L / P;
+    end_block_ = (me_.pp + 1) * L / P;
+    last_stage_ = me_.pp == P - 1;
+    const TensorMap init = initial_params(*ctx.spec);
+    layout_ = FlatLayout::of(init);
+    model_ = make_model(ctx.spec->model, init, scalar_type(ctx.spec->dtype));
+    torch::NoGradGuard ng;
+    for (auto& p : model_->named_parameters()) {
+      if (owns(p.key()))
+        owned_.emplace_back(p.key(), p.value());
+      else
+        p.value().set_data(torch::empty({0}, p.value().options()));  // another stage's
+    }
+  }
+
+  RankUpdate run_update(RankContext& ctx, int update) override {
+    const Plan& plan = *ctx.plan;
+    const WindowWork work = prepare_window(ctx, update, last_full_targets_);
+    RankUpdate out;
+    out.record.update = update;
+    out.record.consumed = work.consumed;
+    out.record.valid_targets = work.local_targets;
+    out.valid_targets = work.window_targets;
+    for (auto& [name, p] : owned_) p.mutable_grad() = torch::zeros_like(p);
+
+    const bool first = me_.pp == 0, last = me_.pp == plan.pp - 1;
+    const int prev = first ? -1 : global_rank_of(plan, {me_.dp, 0, me_.pp - 1});
+    const int next = last ? -1 : global_rank_of(plan, {me_.dp, 0, me_.pp + 1});
+    const auto dtype = scalar_type(ctx.spec->dtype);
+    const int A = plan.accum;
+    std::vector<torch::Tensor> inputs(A), outputs(A);
+    double stage_loss = 0;
+
+    // GPipe: all forwards.
+    for (int a = 0; a < A; ++a) {
+      const Batch& b = work.batches[a];
+      if (b.empty()) continue;
+      const std::vector<int64_t> shape = {b.input.size(0), b.input.size(1), ctx.spec->model.d_model};
+      torch::Tensor x;
+      if (first) {
+        x = embed_tokens(model_, b.input);
+      } else {
+        x = recv(ctx, torch::empty(shape, torch::TensorOptions().dtype(dtype)), prev, tag(update, a, 0));
+        x.requires_grad_();
+      }
+      inputs[a] = x;
+      for (int k = first_block_; k < end_block_; ++k) x = model_->blocks[k]->as<Block>()->forward(x);
+      if (last) {
+        auto S = head_loss_sum(model_, x, b.labels);
+        stage_loss += S.item<double>();
+        outputs[a] = S * work.scale(ctx, a, plan.dp);
+      } else {
+        send(ctx, x.detach(), next, tag(update, a, 0));
+        outputs[a] = x;
+      }
+    }
+    // GPipe: all backwards, in reverse.
+    for (int a = A - 1; a >= 0; --a) {
+      if (work.batches[a].empty()) continue;
+      if (last)
+        outputs[a].backward();
+      else
+        outputs[a].backward(recv(ctx, torch::empty_like(outputs[a]), next, tag(update, a, 1)));
+      if (!first) send(ctx, inputs[a].grad(), prev, tag(update, a, 1));
+    }
+
+    // The loss lives on the last stages: sum it over the world (other stages add 0).
+    out.record.loss_sum = stage_loss;
+    double S = stage_loss;
+    if (ctx.pg) {
+      std::vector<at::Tensor> t{torch::tensor({stage_loss}, torch::kFloat64)};
+      ctx.pg->allreduce(t, c10d::AllreduceOptions{})->wait();
+      S = t[0].item<double>();
+    }
+    out.loss = out.valid_targets > 0 ? S / static_cast<double>(out.valid_targets) : 0.0;
+
+    std::vector<torch::Tensor> params;
+    for (auto& [name, p] : owned_) params.push_back(p);
+    average_gradients(ctx, params);
+    out.grads = assemble(ctx, true);
+    stepper_.step(ctx, update, owned_);
+    out.params_after = assemble(ctx, false);
+    return out;
+  }
+
+ private:
+  bool owns(const std::string& name) const {
+    if (name.rfind("blocks.", 0) == 0) {
+      const int k = std::stoi(name.substr(7, name.find('.', 7) - 7));
+      return k >= first_block_ && k < end_block_;
+    }
+    if (name.rfind("wte", 0) == 0 || name.rfind("wpe", 0) == 0) return me_.pp == 0;
+    return last_stage_;  // ln_f, lm_head
+  }
+
+  static int tag(int update, int micro, int backward) { return (update * 4096 + micro) * 2 + backward; }
+
+  static void send(RankContext& ctx, const torch::Tensor& t, int peer, int tag) {
+    std::vector<at::Tensor> v{t.contiguous()};
+    ctx.pg->send(v, peer, tag)->wait();
+  }
+  static torch::Tensor recv(RankContext& ctx, torch::Tensor into, int peer, int tag) {
+    std::vector<at::Tensor> v{into};
+    ctx.pg->recv(v, peer, tag)->wait();
+    return v[0];
+  }
+
+  // DP replica 0 fills: each stage its own parameters.
+  TensorMap assemble(RankContext& ctx, bool grads) {
+    return assemble_full(ctx, layout_, ctx.spec->dtype, [&](torch::Tensor flat) {
+      if (me_.dp != 0) return;
+      for (auto& [name, p] : owned_) {
+        const auto& e = layout_.at(name);
+        flat.slice(0, e.offset, e.offset + e.numel)
+            .copy_((grads ? p.grad() : p).detach().reshape({-1}).to(torch::kFloat64));
+      }
+    });
+  }
+
+  Coords me_;
+  int first_block_ = 0, end_block_ = 0;
+  bool last_stage_ = false;
+  TinyLM model_{nullptr};
+  FlatLayout layout_;
+  std::vector<std::pair<std::string, torch::Tensor>> owned_;
+  ParamStepper stepper_;
+  int64_t last_full_targets_ = -1;
+};
+
+std::unique_ptr<Backend> make_pp_backend() { return std::make_unique<PpBackend>(); }
+
 }  // namespace gradcert

@@ -10,16 +10,35 @@ namespace gradcert {
 
 namespace fs = std::filesystem;
 
+namespace {
+
+struct Topo {
+  std::string backend;
+  int world, tp, pp;
+};
+
+// NOTE [certify matrix] Every strategy at its smallest interesting world (the primary
+// row: every check, both optimizers, float32, every mutant), plus the combinations and a
+// second DP degree. With the default spec, D = 2 leaves the final window partial with
+// rank 1 empty; D = 3 leaves a partial window too.
+const std::vector<Topo> kPrimary = {{"single", 1, 1, 1}, {"ddp", 2, 1, 1},  {"zero1", 2, 1, 1}, {"zero2", 2, 1, 1},
+                                    {"zero3", 2, 1, 1},  {"fsdp", 2, 1, 1}, {"tp", 2, 2, 1},    {"pp", 2, 1, 2}};
+const std::vector<Topo> kWider = {{"ddp", 3, 1, 1}, {"zero3", 3, 1, 1}, {"fsdp", 3, 1, 1},
+                                  {"tp", 4, 2, 1},  {"pp", 4, 1, 2}};
+
+}  // namespace
+
 std::vector<RunRequest> certify_matrix(const CertifyOptions& o) {
   std::vector<RunRequest> out;
-  auto add = [&](const std::string& backend, int world, const std::string& optimizer, DType dtype,
-                 const std::string& inject) {
+  auto add = [&](const Topo& t, const std::string& optimizer, DType dtype, const std::string& inject) {
     RunRequest r;
     r.spec = o.spec;
     r.spec.optimizer.name = optimizer;
     r.spec.dtype = dtype;
-    r.backend = backend;
-    r.world = world;
+    r.backend = t.backend;
+    r.world = t.world;
+    r.tp = t.tp;
+    r.pp = t.pp;
     r.launcher = o.launcher;
     r.inject = inject;
     r.exe = o.exe;
@@ -28,16 +47,18 @@ std::vector<RunRequest> certify_matrix(const CertifyOptions& o) {
   };
   const std::string base_opt = o.spec.optimizer.name;
   const std::string other_opt = base_opt == "sgd" ? "adamw" : "sgd";
-  const std::vector<std::pair<std::string, int>> cases = {{"single", 1}, {"ddp", 2}, {"ddp", 3}};
-  for (const auto& [b, w] : cases) add(b, w, base_opt, o.spec.dtype, "");
-  for (const auto& [b, w] : cases) add(b, w, other_opt, o.spec.dtype, "");
-  if (o.spec.dtype == DType::Float64) {
-    add("single", 1, base_opt, DType::Float32, "");
-    add("ddp", 2, base_opt, DType::Float32, "");
-  }
+  for (const auto& t : kPrimary) add(t, base_opt, o.spec.dtype, "");
+  for (const auto& t : kWider) add(t, base_opt, o.spec.dtype, "");
+  for (const auto& t : kPrimary) add(t, other_opt, o.spec.dtype, "");
+  if (o.spec.dtype == DType::Float64)
+    for (const auto& t : kPrimary) add(t, base_opt, DType::Float32, "");
   if (o.mutants)
-    for (const auto& [b, w] : std::vector<std::pair<std::string, int>>{{"single", 1}, {"ddp", 2}})
-      for (const auto& m : mutant_names(b)) add(b, w, base_opt, o.spec.dtype, m);
+    for (const auto& t : kPrimary) {
+      // Mutants that need data parallelism run where there is some (TP x DP, PP x DP).
+      Topo m = t;
+      if (t.backend == "tp" || t.backend == "pp") m.world = 2 * t.world;
+      for (const auto& name : mutant_names(t.backend)) add(m, base_opt, o.spec.dtype, name);
+    }
   return out;
 }
 
@@ -51,8 +72,11 @@ Report run_certify(const CertifyOptions& o, std::ostream& progress) {
     max_world = std::max(max_world, r.topology.world());
     const bool good = req.inject.empty() ? r.passed() : (r.error.empty() && !r.detected_by().empty());
     char line[256];
-    std::snprintf(line, sizeof line, "# [%2zu/%zu] %-6s world %d %-8s %-5s %-29s %s (%.1f s)\n", i + 1,
-                  requests.size(), req.backend.c_str(), r.topology.world(), r.dtype.c_str(), r.optimizer.c_str(),
+    std::string topo = "dp" + std::to_string(r.topology.dp);
+    if (r.topology.tp > 1) topo += " tp" + std::to_string(r.topology.tp);
+    if (r.topology.pp > 1) topo += " pp" + std::to_string(r.topology.pp);
+    std::snprintf(line, sizeof line, "# [%2zu/%zu] %-6s %-10s %-8s %-5s %-29s %s (%.1f s)\n", i + 1, requests.size(),
+                  req.backend.c_str(), topo.c_str(), r.dtype.c_str(), r.optimizer.c_str(),
                   req.inject.empty() ? "" : ("inject " + req.inject).c_str(),
                   req.inject.empty() ? (good ? "pass" : "FAIL") : (good ? "caught" : "NOT CAUGHT"), r.wall_seconds);
     progress << line << std::flush;
@@ -80,8 +104,10 @@ std::string new_report_dir(const std::string& root) {
 
 std::string run_dir_name(const RunRequest& r) {
   const Spec s = effective_spec(r);
-  std::string n = r.backend + "-w" + std::to_string(s.topology.world()) + "-" + dtype_name(s.dtype) + "-" +
-                  s.optimizer.name;
+  std::string n = r.backend + "-w" + std::to_string(s.topology.world());
+  if (s.topology.tp > 1) n += "-tp" + std::to_string(s.topology.tp);
+  if (s.topology.pp > 1) n += "-pp" + std::to_string(s.topology.pp);
+  n += "-" + dtype_name(s.dtype) + "-" + s.optimizer.name;
   if (!r.inject.empty()) n += "-" + r.inject;
   return n;
 }

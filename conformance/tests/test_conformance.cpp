@@ -24,15 +24,19 @@ std::string fresh_dir(const std::string& name) {
   return d.string();
 }
 
-RunRequest request(const std::string& backend, int world, int accum, DType dtype, const std::string& name) {
+RunRequest request(const std::string& backend, int world, int accum, DType dtype, const std::string& name, int tp = 1,
+                   int pp = 1) {
   RunRequest r;
   r.backend = backend;
   r.world = world;
+  r.tp = tp;
+  r.pp = pp;
   r.spec.batch.accum = accum;
   r.spec.dtype = dtype;
-  r.spec.topology.dp = world;
-  // Two full windows and a partial one of a single example: only rank 0 gets any.
-  r.spec.dataset.size = static_cast<int>(2 * update_batch_size(r.spec.batch.micro, accum, world) + 1);
+  r.spec.topology = {world / (tp * pp), tp, pp};
+  // Two full windows and a partial one of a single example: only DP rank 0 gets any.
+  r.spec.dataset.size =
+      static_cast<int>(2 * update_batch_size(r.spec.batch.micro, accum, r.spec.topology.dp) + 1);
   r.spec.timeout.run_s = 120;
   r.exe = GRADCERT_EXE;
   r.run_dir = fresh_dir(name);
@@ -51,11 +55,13 @@ struct Case {
   int world, accum;
   DType dtype;
   std::string optimizer;
+  int tp = 1, pp = 1;
 };
 
 std::string case_name(const testing::TestParamInfo<Case>& info) {
   const Case& c = info.param;
-  return c.backend + "_w" + std::to_string(c.world) + "_a" + std::to_string(c.accum) + "_" + dtype_name(c.dtype) +
+  return c.backend + "_w" + std::to_string(c.world) + (c.tp > 1 ? "_tp" + std::to_string(c.tp) : "") +
+         (c.pp > 1 ? "_pp" + std::to_string(c.pp) : "") + "_a" + std::to_string(c.accum) + "_" + dtype_name(c.dtype) +
          "_" + c.optimizer;
 }
 
@@ -67,13 +73,14 @@ class ConformanceMatrix : public testing::TestWithParam<Case> {};
 
 TEST_P(ConformanceMatrix, PassesEveryCheckAgainstTheReference) {
   const Case& c = GetParam();
-  RunRequest req = request(c.backend, c.world, c.accum, c.dtype, case_name({c, 0}));
+  RunRequest req = request(c.backend, c.world, c.accum, c.dtype, case_name({c, 0}), c.tp, c.pp);
   req.spec.optimizer.name = c.optimizer;
   const Plan plan = make_plan(effective_spec(req));
   const Window& last = plan.windows.back();
   ASSERT_TRUE(last.partial);
-  if (c.world > 1) {
-    for (const auto& mb : last.slots[c.world - 1]) ASSERT_TRUE(mb.ids.empty()) << "the last rank gets nothing";
+  ASSERT_GE(plan.windows.size(), 3u) << ">= 2 updates before the partial one";
+  if (plan.dp > 1) {
+    for (const auto& mb : last.slots[plan.dp - 1]) ASSERT_TRUE(mb.ids.empty()) << "the last DP rank gets nothing";
   }
 
   const RunReport r = run_backend(req);
@@ -95,16 +102,46 @@ INSTANTIATE_TEST_SUITE_P(
                     Case{"ddp", 2, 3, DType::BFloat16, "sgd"}),
     case_name);
 
-TEST(ConformanceMutants, EveryMutantIsCaught) {
-  for (const auto& [backend, world] : std::vector<std::pair<std::string, int>>{{"single", 1}, {"ddp", 2}})
-    for (const auto& m : mutant_names(backend)) {
-      RunRequest req = request(backend, world, 3, DType::Float64, backend + "_" + m);
-      req.inject = m;
-      const RunReport r = run_backend(req);
-      ASSERT_TRUE(r.error.empty()) << m << ": " << r.error;
-      EXPECT_FALSE(r.detected_by().empty()) << "mutant " << m << " on " << backend << " passed every check";
-    }
+// NOTE [strategy matrix] Each sharded or model-parallel strategy: A in {1, 3}, a partial
+// final window with an empty DP rank, >= 2 full updates, SGD and AdamW, float64 and float32.
+INSTANTIATE_TEST_SUITE_P(
+    ConformanceStrategies, ConformanceMatrix,
+    testing::Values(Case{"zero1", 2, 1, DType::Float64, "sgd"}, Case{"zero1", 3, 3, DType::Float64, "adamw"},
+                    Case{"zero1", 2, 3, DType::Float32, "sgd"}, Case{"zero2", 2, 1, DType::Float64, "adamw"},
+                    Case{"zero2", 3, 3, DType::Float64, "sgd"}, Case{"zero2", 2, 3, DType::Float32, "adamw"},
+                    Case{"zero3", 2, 3, DType::Float64, "sgd"}, Case{"zero3", 3, 1, DType::Float64, "adamw"},
+                    Case{"zero3", 2, 3, DType::Float32, "sgd"}, Case{"fsdp", 2, 3, DType::Float64, "sgd"},
+                    Case{"fsdp", 3, 1, DType::Float64, "adamw"}, Case{"fsdp", 2, 3, DType::Float32, "sgd"},
+                    Case{"tp", 2, 3, DType::Float64, "sgd", 2, 1}, Case{"tp", 4, 1, DType::Float64, "adamw", 2, 1},
+                    Case{"tp", 4, 3, DType::Float32, "sgd", 2, 1}, Case{"pp", 2, 3, DType::Float64, "adamw", 1, 2},
+                    Case{"pp", 4, 1, DType::Float64, "sgd", 1, 2}, Case{"pp", 4, 3, DType::Float32, "sgd", 1, 2}),
+    case_name);
+
+class ConformanceMutants : public testing::TestWithParam<Case> {};
+
+TEST_P(ConformanceMutants, EveryMutantIsCaughtAndTheCorrectBackendPasses) {
+  const Case& c = GetParam();
+  RunRequest correct = request(c.backend, c.world, 3, DType::Float64, c.backend + "_correct", c.tp, c.pp);
+  const RunReport ok = run_backend(correct);
+  EXPECT_TRUE(ok.passed()) << failures(ok);
+  const auto mutants = mutant_names(c.backend);
+  ASSERT_GE(mutants.size(), 4u);
+  for (const auto& m : mutants) {
+    RunRequest req = request(c.backend, c.world, 3, DType::Float64, c.backend + "_" + m, c.tp, c.pp);
+    req.inject = m;
+    const RunReport r = run_backend(req);
+    ASSERT_TRUE(r.error.empty()) << m << ": " << r.error;
+    EXPECT_FALSE(r.detected_by().empty()) << "mutant " << m << " on " << c.backend << " passed every check";
+  }
 }
+
+INSTANTIATE_TEST_SUITE_P(
+    Conformance, ConformanceMutants,
+    testing::Values(Case{"single", 1, 3, DType::Float64, "sgd"}, Case{"ddp", 2, 3, DType::Float64, "sgd"},
+                    Case{"zero1", 2, 3, DType::Float64, "sgd"}, Case{"zero2", 2, 3, DType::Float64, "sgd"},
+                    Case{"zero3", 2, 3, DType::Float64, "sgd"}, Case{"fsdp", 2, 3, DType::Float64, "sgd"},
+                    Case{"tp", 4, 3, DType::Float64, "sgd", 2, 1}, Case{"pp", 4, 3, DType::Float64, "sgd", 1, 2}),
+    case_name);
 
 TEST(ConformanceFailure, KilledRankFailsTheRunNamingIt) {
   RunRequest req = request("ddp", 2, 3, DType::Float64, "killed");

@@ -14,6 +14,13 @@
 
 namespace gradcert {
 
+class MemoryPhases;  // conformance/alloc_tracker.hpp
+
+/// Model state as a backend holds it, by name ("param.<p>", "grad.<p>", "master.<p>",
+/// "optim.<p>.m", ...; sharded strategies name shards), for memory.lower_bound and the
+/// checkpoint written in the "save" phase.
+using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
+
 /// What a rank knows while it runs.
 struct RankContext {
   const Spec* spec = nullptr;
@@ -28,6 +35,14 @@ struct RankContext {
   c10::intrusive_ptr<c10d::Backend> tp_pg;
   /// The planted bug to run with ("" for none): see backends/mutants.md.
   std::string inject;
+  /// The worker's phase recorder while it measures memory (null otherwise), and the prefix
+  /// of the phase names it records ("first " on a backend's first update).
+  MemoryPhases* memory = nullptr;
+  std::string phase_prefix;
+  /// Closes the phase that just ran ("forward", "backward", "optimizer step"; "artifacts"
+  /// for assembling the checks' full tensors, which the worker does not report). A phase
+  /// may close several times per update (per microstep): the worker keeps its maximum.
+  void mark(const std::string& phase) const;
 };
 
 /// The data-parallel group of a rank (null when D == 1).
@@ -67,6 +82,10 @@ class Backend {
   virtual void setup(RankContext& ctx) = 0;
   /// Runs one optimizer update (all microsteps of window `update`) on this rank.
   virtual RankUpdate run_update(RankContext& ctx, int update) = 0;
+  /// Every tensor of model state this rank holds between updates: parameters as held
+  /// (full, sharded, or a stage's), gradients, master weights or shards, optimizer slots.
+  /// Empty: the backend does not report it (memory.lower_bound skips).
+  virtual NamedTensors state_tensors() { return {}; }
 };
 
 /// A backend by name; throws std::invalid_argument listing the known names.

@@ -12,6 +12,7 @@ class DdpBackend : public Backend {
     Backend::validate(plan, world, inject);
   }
   void setup(RankContext& ctx) override { state_.setup(ctx); }
+  NamedTensors state_tensors() override { return state_.state_tensors(); }
   RankUpdate run_update(RankContext& ctx, int update) override {
     RankUpdate out = state_.accumulate(ctx, update);
     state_.sync(ctx, out);

@@ -17,6 +17,7 @@ struct Unit {
   std::vector<std::pair<std::string, torch::Tensor>> params;
   std::unique_ptr<FlatShard> shard;
   torch::Tensor master;     ///< this rank's shard (padded; float32 for bfloat16 runs)
+  torch::Tensor weights;    ///< the shard in the run dtype that is gathered (master itself unless bfloat16)
   torch::Tensor grad_shard; ///< accumulated over the window's microsteps
   OptimizerSlot slot;
   torch::Tensor stale;      ///< stale-gathered-params: the first gather, reused forever
@@ -73,6 +74,7 @@ class FsdpBackend : public Backend {
       }
       u->master = torch::zeros({u->shard->shard}, master_type);
       u->master.slice(0, 0, u->shard->hi() - u->shard->lo()).copy_(flat.slice(0, u->shard->lo(), u->shard->hi()));
+      u->weights = u->master.to(scalar_type(ctx.spec->dtype));  // aliases master unless bfloat16
       free(*u);
     }
   }
@@ -102,6 +104,7 @@ class FsdpBackend : public Backend {
           free(*units_[k]);
         }
       }
+      ctx.mark("forward");
       // Backward in reverse: re-gather, recompute the unit from its input, backprop,
       // reduce-scatter its gradient, free. Ranks with an empty microbatch join with zeros.
       torch::Tensor grad_out;
@@ -123,13 +126,17 @@ class FsdpBackend : public Backend {
         reduce_scatter(ctx, u);
         free(u);
       }
+      ctx.mark("backward");
     }
 
     auto [S, unused] = allreduce_sum(ctx, out.record.loss_sum, 0);
     (void)unused;
     out.loss = out.valid_targets > 0 ? S / static_cast<double>(out.valid_targets) : 0.0;
-    for (auto& u : units_)
+    for (auto& u : units_) {
       optimizer_step(ctx.spec->optimizer, update + 1, u->master, u->grad_shard.to(u->master.scalar_type()), u->slot);
+      if (u->weights.data_ptr() != u->master.data_ptr()) u->weights.copy_(u->master);
+    }
+    ctx.mark("optimizer step");
 
     const auto dtype = scalar_type(ctx.spec->dtype);
     auto fill = [&](bool grads) {
@@ -146,6 +153,23 @@ class FsdpBackend : public Backend {
     return out;
   }
 
+  // Per unit: the weight shard (the master shard itself unless bfloat16), the gradient
+  // shard (in the master's dtype), the optimizer slots; gathered parameters
+  // are freed after each use (the stale-gathered-params mutant keeps its first gather).
+  NamedTensors state_tensors() override {
+    NamedTensors out;
+    for (auto& u : units_) {
+      append_params_and_grads(out, u->params);
+      out.emplace_back("master." + u->name, u->master);
+      out.emplace_back("param." + u->name + ".shard", u->weights);
+      if (u->grad_shard.defined()) out.emplace_back("grad." + u->name + ".shard", u->grad_shard);
+      if (u->slot.m.defined()) out.emplace_back("optim." + u->name + ".m", u->slot.m);
+      if (u->slot.v.defined()) out.emplace_back("optim." + u->name + ".v", u->slot.v);
+      if (u->stale.defined()) out.emplace_back("stale." + u->name, u->stale);
+    }
+    return out;
+  }
+
  private:
   torch::Tensor forward_unit(size_t k, const Batch& b, const torch::Tensor& x) {
     return k == 0 ? embed_tokens(model_, b.input) : model_->blocks[k - 1]->as<Block>()->forward(x);
@@ -157,7 +181,7 @@ class FsdpBackend : public Backend {
     if (ctx.inject == "stale-gathered-params" && u.stale.defined() && update > 0) {
       full = u.stale;  // NOTE [stale-gathered-params]: no all-gather, last update's weights
     } else {
-      full = u.shard->all_gather(ctx, u.master.to(scalar_type(ctx.spec->dtype)));
+      full = u.shard->all_gather(ctx, u.weights);
       if (ctx.inject == "stale-gathered-params" && (!u.stale.defined() || update == 0)) u.stale = full;
     }
     for (auto& [name, t] : u.params) {

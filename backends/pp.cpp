@@ -84,6 +84,7 @@ class PpBackend : public Backend {
         outputs[a] = x;
       }
     }
+    ctx.mark("forward");
     // GPipe: all backwards, in reverse.
     for (int a = A - 1; a >= 0; --a) {
       if (work.batches[a].empty()) continue;
@@ -93,6 +94,7 @@ class PpBackend : public Backend {
         outputs[a].backward(recv(ctx, torch::empty_like(outputs[a]), next, tag(update, a, 1)));
       if (!first) send(ctx, inputs[a].grad(), prev, tag(update, a, 1));
     }
+    ctx.mark("backward");
 
     // The loss lives on the last stages: sum it over the world (other stages add 0).
     out.record.loss_sum = stage_loss;
@@ -107,9 +109,21 @@ class PpBackend : public Backend {
     std::vector<torch::Tensor> params;
     for (auto& [name, p] : owned_) params.push_back(p);
     average_gradients(ctx, params);
+    ctx.mark("backward");
     out.grads = assemble(ctx, true);
+    ctx.mark("artifacts");
     stepper_.step(ctx, update, owned_);
+    ctx.mark("optimizer step");
     out.params_after = assemble(ctx, false);
+    return out;
+  }
+
+  // The stage's own parameters, their gradients and the stepper's state (other stages'
+  // parameters are empty placeholders).
+  NamedTensors state_tensors() override {
+    NamedTensors out;
+    append_params_and_grads(out, owned_);
+    stepper_.append_state(out);
     return out;
   }
 

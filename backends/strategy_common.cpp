@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "conformance/alloc_tracker.hpp"
 #include "conformance/dataset.hpp"
 
 namespace gradcert {
@@ -96,9 +97,39 @@ RankUpdate ReplicaState::accumulate(RankContext& ctx, int update) {
     const Batch& b = work.batches[a];
     if (b.empty()) continue;
     auto S = loss_sum(model_, b);
+    ctx.mark("forward");
     (S * work.scale(ctx, static_cast<int>(a), ctx.plan->dp)).backward();
     out.record.loss_sum += S.item<double>();
+    ctx.mark("backward");
   }
+  return out;
+}
+
+void RankContext::mark(const std::string& phase) const {
+  if (memory) memory->mark(phase_prefix + phase);
+}
+
+void append_params_and_grads(NamedTensors& out, const std::vector<std::pair<std::string, torch::Tensor>>& params) {
+  for (const auto& [name, p] : params) {
+    out.emplace_back("param." + name, p);
+    if (p.grad().defined()) out.emplace_back("grad." + name, p.grad());
+  }
+}
+
+void ParamStepper::append_state(NamedTensors& out) const {
+  for (const auto& [name, m] : masters_) out.emplace_back("master." + name, m);
+  for (const auto& [name, slot] : slots_) {
+    if (slot.m.defined()) out.emplace_back("optim." + name + ".m", slot.m);
+    if (slot.v.defined()) out.emplace_back("optim." + name + ".v", slot.v);
+  }
+}
+
+NamedTensors ReplicaState::state_tensors() {
+  NamedTensors out;
+  std::vector<std::pair<std::string, torch::Tensor>> params;
+  for (auto& p : model_->named_parameters()) params.emplace_back(p.key(), p.value());
+  append_params_and_grads(out, params);
+  stepper_.append_state(out);
   return out;
 }
 
@@ -140,13 +171,16 @@ void ReplicaState::sync(RankContext& ctx, RankUpdate& out) {
   (void)unused;
   out.loss = out.valid_targets > 0 ? S / static_cast<double>(out.valid_targets) : 0.0;
   average_gradients(ctx, model_->parameters());
+  ctx.mark("backward");  // the gradient all-reduce ends the backward phase
 }
 
 void ReplicaState::step(RankContext& ctx, int update) {
   if (ctx.rank == 0) grads_before_step_ = grads_of(model_, ctx.spec->dtype);
+  ctx.mark("artifacts");
   std::vector<std::pair<std::string, torch::Tensor>> params;
   for (auto& p : model_->named_parameters()) params.emplace_back(p.key(), p.value());
   stepper_.step(ctx, update, params);
+  ctx.mark("optimizer step");
 }
 
 void ReplicaState::collect(RankContext& ctx, RankUpdate& out) {

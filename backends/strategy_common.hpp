@@ -39,11 +39,16 @@ WindowWork prepare_window(RankContext& ctx, int update, int64_t& last_full_targe
 /// then SUM (Gloo has no AVG). Skipped under the missing-final-sync mutant.
 void average_gradients(RankContext& ctx, const std::vector<torch::Tensor>& params);
 
+/// Appends "param.<p>" and "grad.<p>" (when defined) for each named parameter.
+void append_params_and_grads(NamedTensors& out, const std::vector<std::pair<std::string, torch::Tensor>>& params);
+
 /// Optimizer steps for named parameters: per-parameter state; float32 master weights
 /// for bfloat16 runs.
 class ParamStepper {
  public:
   void step(const RankContext& ctx, int update, const std::vector<std::pair<std::string, torch::Tensor>>& params);
+  /// Appends its state: "master.<p>" (bfloat16 runs), "optim.<p>.m" / ".v".
+  void append_state(NamedTensors& out) const;
 
  private:
   std::map<std::string, OptimizerSlot> slots_;
@@ -66,6 +71,8 @@ class ReplicaState {
   void collect(RankContext& ctx, RankUpdate& out);
 
   TinyLM& model() { return model_; }
+  /// Parameters and gradients as held, and the stepper's state.
+  NamedTensors state_tensors();
 
  private:
   TinyLM model_{nullptr};

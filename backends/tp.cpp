@@ -186,19 +186,33 @@ class TpBackend : public Backend {
       const Batch& b = work.batches[a];
       if (b.empty()) continue;
       auto S = token_loss_sum(model_->forward(b.input), b.labels);
+      ctx.mark("forward");
       (S * work.scale(ctx, static_cast<int>(a), dp)).backward();
       out.record.loss_sum += S.item<double>();
+      ctx.mark("backward");
     }
     auto [S, unused] = allreduce_sum(ctx, out.record.loss_sum, 0);
     (void)unused;
     out.loss = out.valid_targets > 0 ? S / static_cast<double>(out.valid_targets) : 0.0;
     average_gradients(ctx, params);
+    ctx.mark("backward");
 
     out.grads = assemble(ctx, true);
+    ctx.mark("artifacts");
     std::vector<std::pair<std::string, torch::Tensor>> named;
     for (auto& p : model_->named_parameters()) named.emplace_back(p.key(), p.value());
     stepper_.step(ctx, update, named);
+    ctx.mark("optimizer step");
     out.params_after = assemble(ctx, false);
+    return out;
+  }
+
+  NamedTensors state_tensors() override {
+    NamedTensors out;
+    std::vector<std::pair<std::string, torch::Tensor>> named;
+    for (auto& p : model_->named_parameters()) named.emplace_back(p.key(), p.value());
+    append_params_and_grads(out, named);
+    stepper_.append_state(out);
     return out;
   }
 

@@ -31,13 +31,36 @@ void ZeroState::setup(RankContext& ctx) {
   for (const auto& e : layout_.entries) parts.push_back(from_host(init.at(e.name), master_type).reshape({-1}));
   auto flat = torch::cat(parts);
   master_.slice(0, 0, shard_->hi() - shard_->lo()).copy_(flat.slice(0, shard_->lo(), shard_->hi()));
-  if (stage_ == 3) free_params();
+  if (stage_ == 3) {
+    weights_ = master_.to(scalar_type(ctx.spec->dtype));  // aliases master_ unless bfloat16
+    free_params();
+  }
+}
+
+// NOTE [zero model state] What each stage keeps between updates, per rank (s(x) = the
+// padded shard ceil(x / D)): stages 1-2 hold the full weights in the run dtype and step a
+// separate master shard (float32 for bfloat16 runs, else the run dtype: a copy, as
+// DeepSpeed's partitioned fp32 groups are even for an fp32 model); stage 1 keeps the full
+// local gradients, stage 2 frees them after the reduce-scatter and keeps the gradient
+// shard; stage 3 keeps the weight shard (the master itself unless bfloat16), the gradient
+// shard and no full parameters. memory.cpp's recipe_for_strategy counts exactly this.
+NamedTensors ZeroState::state_tensors() {
+  NamedTensors out;
+  std::vector<std::pair<std::string, torch::Tensor>> params;
+  for (auto& p : replica_.model()->named_parameters()) params.emplace_back(p.key(), p.value());
+  append_params_and_grads(out, params);
+  out.emplace_back("master.shard", master_);
+  if (weights_.defined()) out.emplace_back("param.shard", weights_);
+  if (grad_shard_.defined()) out.emplace_back("grad.shard", grad_shard_);
+  if (slot_.m.defined()) out.emplace_back("optim.shard.m", slot_.m);
+  if (slot_.v.defined()) out.emplace_back("optim.shard.v", slot_.v);
+  return out;
 }
 
 void ZeroState::gather_params(RankContext& ctx) {
   torch::NoGradGuard ng;
   const auto dtype = scalar_type(ctx.spec->dtype);
-  auto full = shard_->all_gather(ctx, master_.to(dtype));
+  auto full = shard_->all_gather(ctx, stage_ == 3 ? weights_ : master_.to(dtype));
   for (auto& [name, p] : params_by_name(replica_.model())) {
     const auto& e = layout_.at(name);
     p.set_data(full.slice(0, e.offset, e.offset + e.numel).reshape(e.shape).clone());
@@ -76,11 +99,17 @@ RankUpdate ZeroState::run_update(RankContext& ctx, int update) {
     // Stages 2-3: reduce-scatter; the planted shard-divide-factor divides by D twice.
     const double divisor = ctx.inject == "shard-divide-factor" ? double(dp) * dp : double(dp);
     grad_shard = shard_->reduce_scatter(ctx, local, divisor);
+    grad_shard_ = grad_shard;
+    if (stage_ == 2)
+      for (auto& [name, p] : params_by_name(replica_.model())) p.mutable_grad().reset();  // the shard is kept
   }
+  ctx.mark("backward");  // the gradient all-reduce / reduce-scatter ends the backward phase
   optimizer_step(ctx.spec->optimizer, update + 1, master_, grad_shard.to(master_.scalar_type()), slot_);
+  if (stage_ == 3 && weights_.data_ptr() != master_.data_ptr()) weights_.copy_(master_);
 
   if (stage_ < 3) gather_params(ctx);
   else if (!stale) free_params();
+  ctx.mark("optimizer step");
 
   // Artifacts: each DP rank owns its shard of the flat gradient and parameters.
   const int64_t lo = shard_->lo(), n = shard_->hi() - shard_->lo();

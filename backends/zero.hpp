@@ -15,6 +15,9 @@ class ZeroState {
   explicit ZeroState(int stage) : stage_(stage) {}
   void setup(RankContext& ctx);
   RankUpdate run_update(RankContext& ctx, int update);
+  /// The model's parameters and gradients as held, the master shard, the weight shard
+  /// (stage 3), the gradient shard (stages 2-3) and the optimizer slots of the shard.
+  NamedTensors state_tensors();
 
  private:
   void gather_params(RankContext& ctx);
@@ -25,6 +28,10 @@ class ZeroState {
   FlatLayout layout_;
   std::unique_ptr<FlatShard> shard_;
   torch::Tensor master_;  ///< this rank's parameter shard (padded; float32 for bfloat16 runs)
+  /// Stage 3: the shard in the run dtype that is all-gathered (master_ itself unless bfloat16).
+  torch::Tensor weights_;
+  /// Stages 2-3: this rank's reduce-scattered gradient shard, kept until the next update.
+  torch::Tensor grad_shard_;
   OptimizerSlot slot_;
 };
 

@@ -12,6 +12,7 @@ class Zero1Backend : public Backend {
   }
   void setup(RankContext& ctx) override { state_.setup(ctx); }
   RankUpdate run_update(RankContext& ctx, int update) override { return state_.run_update(ctx, update); }
+  NamedTensors state_tensors() override { return state_.state_tensors(); }
 
  private:
   ZeroState state_{1};

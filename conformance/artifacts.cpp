@@ -120,4 +120,54 @@ std::vector<BackendUpdate> read_run(const std::string& dir, const Plan& plan, in
   return run;
 }
 
+void write_rank_memory(const std::string& dir, const RankMemory& m) {
+  json peaks = json::array();
+  for (const auto& p : m.peaks)
+    peaks.push_back({{"bucket", p.bucket},
+                     {"phase", p.phase},
+                     {"device", p.device},
+                     {"peak_bytes", p.peak_bytes},
+                     {"current_bytes", p.current_bytes},
+                     {"seconds", p.seconds},
+                     {"process_high_water_bytes", p.process_high_water_bytes}});
+  json j = {{"schema", "gradcert.memory/1"},
+            {"rank", m.rank},
+            {"model_state_bytes", m.model_state_bytes},
+            {"model_state_tensors", m.model_state_tensors},
+            {"checkpoint_bytes", m.checkpoint_bytes},
+            {"process_high_water_bytes", m.process_high_water_bytes},
+            {"peaks", peaks}};
+  write_file_atomic(dir + "/rank" + std::to_string(m.rank) + ".memory.json", j.dump(1));
+}
+
+RankMemory read_rank_memory(const std::string& dir, int rank) {
+  const std::string path = dir + "/rank" + std::to_string(rank) + ".memory.json";
+  const json j = parse_json_file(path);
+  if (field<std::string>(j, "schema", path) != "gradcert.memory/1")
+    throw ArtifactError(path + ": schema is not gradcert.memory/1");
+  RankMemory m;
+  m.rank = field<int>(j, "rank", path);
+  if (m.rank != rank) throw ArtifactError(path + ": rank " + std::to_string(m.rank) + ", expected " + std::to_string(rank));
+  m.model_state_bytes = field<int64_t>(j, "model_state_bytes", path);
+  m.model_state_tensors = field<int64_t>(j, "model_state_tensors", path);
+  m.checkpoint_bytes = field<int64_t>(j, "checkpoint_bytes", path);
+  m.process_high_water_bytes = field<int64_t>(j, "process_high_water_bytes", path);
+  const json peaks = field<json>(j, "peaks", path);
+  if (!peaks.is_array()) throw ArtifactError(path + ": field 'peaks' is not an array");
+  for (size_t i = 0; i < peaks.size(); ++i) {
+    const std::string where = path + ": peaks[" + std::to_string(i) + "]";
+    PhasePeak p;
+    p.rank = rank;
+    p.bucket = field<std::string>(peaks[i], "bucket", where);
+    p.phase = field<std::string>(peaks[i], "phase", where);
+    p.device = field<std::string>(peaks[i], "device", where);
+    p.peak_bytes = field<int64_t>(peaks[i], "peak_bytes", where);
+    p.current_bytes = field<int64_t>(peaks[i], "current_bytes", where);
+    p.seconds = field<double>(peaks[i], "seconds", where);
+    p.process_high_water_bytes = field<int64_t>(peaks[i], "process_high_water_bytes", where);
+    m.peaks.push_back(p);
+  }
+  return m;
+}
+
 }  // namespace gradcert

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "conformance/checks.hpp"
+#include "conformance/memory.hpp"
 #include "conformance/plan.hpp"
 
 namespace gradcert {
@@ -38,6 +39,20 @@ void write_manifest(const std::string& dir, const std::string& backend, int worl
 /// throws ArtifactError naming the file (and the rank or tensor).
 std::vector<BackendUpdate> read_run(const std::string& dir, const Plan& plan, int world, const TensorMap& expected,
                                     DType dtype);
+
+/// What one rank measured of its memory: <dir>/rank<r>.memory.json (built-in backends).
+struct RankMemory {
+  int rank = 0;
+  int64_t model_state_bytes = -1;  ///< distinct storage of the backend's state_tensors (-1: not reported)
+  int64_t model_state_tensors = 0; ///< how many tensors that was
+  int64_t checkpoint_bytes = 0;    ///< the checkpoint file written in "save" (last bucket)
+  int64_t process_high_water_bytes = -1;  ///< VmHWM when the rank finished (-1: unknown)
+  std::vector<PhasePeak> peaks;    ///< per length bucket and phase (the maximum over repeats)
+};
+/// Writes <dir>/rank<r>.memory.json.
+void write_rank_memory(const std::string& dir, const RankMemory& m);
+/// Reads <dir>/rank<rank>.memory.json strictly; throws ArtifactError naming the file and field.
+RankMemory read_rank_memory(const std::string& dir, int rank);
 
 /// Reads a whole text file; throws ArtifactError naming it.
 std::string read_text_file(const std::string& path);

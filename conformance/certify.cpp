@@ -82,6 +82,17 @@ Report run_certify(const CertifyOptions& o, std::ostream& progress) {
     progress << line << std::flush;
     report.runs.push_back(std::move(r));
   }
+  // Scaling of every correct run against `single` of the same dtype and optimizer (same plan).
+  for (auto& r : report.runs) {
+    if (!r.inject.empty() || !r.has_throughput) continue;
+    for (const auto& base : report.runs)
+      if (base.backend == "single" && base.inject.empty() && base.has_throughput && base.dtype == r.dtype &&
+          base.optimizer == r.optimizer && base.throughput.target_tokens_per_s > 0 &&
+          r.throughput.target_tokens_per_s > 0) {
+        compare_to_single(r.throughput, base.throughput);
+        break;
+      }
+  }
   report.spec_json = spec_to_json(o.spec);
   report.environment = make_environment(o.spec.seed, max_world, o.launcher);
   return report;

@@ -3,7 +3,9 @@
 #include <torch/version.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
+#include <cmath>
 #include <chrono>
 #include <cstdio>
 #include <ctime>
@@ -16,6 +18,7 @@
 #include "conformance/dataset.hpp"
 #include "conformance/model.hpp"
 #include "conformance/reference.hpp"
+#include "conformance/throughput.hpp"
 
 namespace gradcert {
 
@@ -67,6 +70,69 @@ void write_external_inputs(const Spec& spec, const std::string& dir) {
                       {"samples", samples}};
   write_file_atomic(dir + "/dataset.json", j.dump());
   write_safetensors(dir + "/initial.safetensors", initial_params(spec), {{"schema", "gradcert.initial/1"}});
+}
+
+std::string run_label(const RunReport& r) {
+  std::string s = r.backend + " dp" + std::to_string(r.topology.dp);
+  if (r.topology.tp > 1) s += " tp" + std::to_string(r.topology.tp);
+  if (r.topology.pp > 1) s += " pp" + std::to_string(r.topology.pp);
+  s += " " + r.dtype + " " + r.optimizer;
+  if (!r.inject.empty()) s += " inject=" + r.inject;
+  return s;
+}
+
+int severity(Verdict v) { return v == Verdict::Fail ? 2 : v == Verdict::Pass ? 1 : 0; }
+
+// The memory checks and the throughput of a built-in backend run, from every rank's
+// rank<r>.memory.json (worker.cpp NOTE [memory probes]) and the manifest's step times.
+// memory.lower_bound holds each rank to the estimate for that rank (PP stages differ) and
+// reports the worst; the report's estimate is the rank that holds the most.
+void add_memory_and_throughput(RunReport& report, const Spec& spec, const Plan& plan, const std::string& dir,
+                               const std::vector<BackendUpdate>& run) {
+  const std::string label = run_label(report);
+  MemoryRunReport& m = report.memory;
+  m.backend = label;
+  m.world = plan.world();
+  m.budget_bytes = spec.memory.budget_bytes;
+  CheckResult lower;
+  double save_pause = -1;
+  for (int r = 0; r < plan.world(); ++r) {
+    const RankMemory rm = read_rank_memory(dir, r);
+    const MemoryEstimate e = estimate_for_run(spec, report.backend, r);
+    CheckResult c = check_memory_lower_bound(rm.model_state_bytes, e.model_state());
+    c.detail = "rank " + std::to_string(r) + ": " + c.detail;
+    if (r == 0 || severity(c.verdict) > severity(lower.verdict) ||
+        (c.verdict == lower.verdict && std::fabs(c.figure) > std::fabs(lower.figure)))
+      lower = c;
+    if (!m.has_estimate || e.model_state() > m.estimate.model_state()) {
+      m.has_estimate = true;
+      m.estimate = e;
+      m.measured_model_state_bytes = rm.model_state_bytes;
+    }
+    for (const auto& p : rm.peaks) {
+      m.peaks.push_back(p);
+      if (p.phase == "save" && p.bucket == "typical") save_pause = std::max(save_pause, p.seconds);
+    }
+  }
+  report.checks.push_back(lower);
+  report.checks.push_back(check_memory_budget(m.peaks, spec.memory.budget_bytes));
+  report.has_memory = true;
+
+  std::vector<TimedUpdate> updates;
+  for (size_t u = 0; u < run.size() && u < plan.windows.size(); ++u) {
+    TimedUpdate t;
+    t.seconds = run[u].step_seconds;
+    for (const auto& row : plan.windows[u].slots)
+      for (const auto& mb : row) {
+        t.input_tokens += mb.input_tokens;
+        t.valid_targets += mb.valid_targets;
+      }
+    updates.push_back(t);
+  }
+  report.throughput = measure_throughput(label, plan.world(), updates, /*warmup=*/1);
+  report.throughput.save_pause_seconds = save_pause;
+  for (const auto& p : m.peaks) report.throughput.peak_bytes = std::max(report.throughput.peak_bytes, p.peak_bytes);
+  report.has_throughput = true;
 }
 
 }  // namespace
@@ -143,6 +209,7 @@ RunReport run_backend(const RunRequest& req) {
       const auto reference =
           run_reference(spec, req.sampler_audit ? plan_from_consumed(spec, plan, artifacts) : plan);
       report.checks = run_checks(plan, spec.dataset.size, reference, artifacts, spec.parity_tolerance());
+      if (!external) add_memory_and_throughput(report, spec, plan, req.run_dir, artifacts);
     } catch (const ArtifactError& e) {
       report.error = std::string("bad artifacts: ") + e.what();
     }

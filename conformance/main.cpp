@@ -7,6 +7,7 @@
 
 #include "backends/registry.hpp"
 #include "backends/worker.hpp"
+#include "conformance/audit.hpp"
 #include "conformance/certify.hpp"
 #include "conformance/estimate_cli.hpp"
 #include "conformance/harness.hpp"
@@ -79,6 +80,22 @@ int main(int argc, char** argv) {
   certify->add_option("--out", out, "report folder (default: reports/out/<timestamp>)");
   certify->add_flag("--mutants,!--no-mutants", mutants, "also run the planted-bug matrix (default: on)");
 
+  AuditRequest audit_req;
+  auto* audit_cmd = app.add_subcommand(
+      "audit", "migration audit: run two stacks on the same plan, certify both, compare them tensor by tensor");
+  audit_cmd->add_option("--before", audit_req.before,
+                        "the stack before the migration: a built-in backend, fsdp1 | fsdp2 | torch-ddp (the PyTorch "
+                        "adapters), or external:<command>; NAME+inject=MUTANT plants a bug")->required();
+  audit_cmd->add_option("--after", audit_req.after, "the stack after the migration (same forms)")->required();
+  audit_cmd->add_option("--before-inject", audit_req.before_inject, "plant a bug in the before side");
+  audit_cmd->add_option("--after-inject", audit_req.after_inject, "plant a bug in the after side");
+  audit_cmd->add_option("--spec", spec_path, "spec JSON file (default: the built-in spec)")->check(CLI::ExistingFile);
+  audit_cmd->add_option("--world", world, "ranks (default: the spec's topology)");
+  audit_cmd->add_option("--launcher", launcher, "local | mpirun (built-in backends)")->capture_default_str();
+  audit_cmd->add_option("--dtype", dtype, "override the spec's dtype: float64 | float32 | bfloat16");
+  audit_cmd->add_option("--optimizer", optimizer, "override the spec's optimizer: sgd | adamw");
+  audit_cmd->add_option("--out", out, "report folder (default: reports/out/<timestamp>)");
+
   auto* spec_cmd = app.add_subcommand("spec", "print the built-in spec (every field with its default)");
   auto* list_cmd = app.add_subcommand("backends", "list the built-in backends and their mutants");
 
@@ -119,6 +136,20 @@ int main(int argc, char** argv) {
       const Plan p = make_plan(s);
       std::cout << (plan_json ? plan_to_json(p, s) + "\n" : plan_to_text(p));
       return kPass;
+    }
+    if (*audit_cmd) {  // exit 0: semantics preserved; 1: a difference or failed check; 2: bad input or failed run
+      audit_req.spec = spec_from(spec_path);
+      if (!dtype.empty()) audit_req.spec.dtype = parse_dtype(dtype);
+      if (!optimizer.empty()) audit_req.spec.optimizer.name = optimizer;
+      audit_req.world = world;
+      audit_req.launcher = launcher_from(launcher);
+      audit_req.exe = self_exe();
+      audit_req.out_dir = out.empty() ? new_report_dir("reports/out") : out;
+      const AuditReport a = run_audit(audit_req, std::cout);
+      std::cout << audit_table(a);
+      write_audit_files(a, audit_req.out_dir);
+      std::cout << "# report: " << audit_req.out_dir << "/audit.json (also audit.md, junit.xml)\n";
+      return a.run_failed() ? kBadInput : a.preserved() ? kPass : kCheckFailed;
     }
     const std::string dir = out.empty() ? new_report_dir("reports/out") : out;
     if (*run) {

@@ -191,7 +191,7 @@ MemoryEstimate estimate_memory(const EstimateInput& in) {
   const int64_t D = e.dp;
 
   const int64_t p_tp = ceil_div(L, x.tp) + (P - L);
-  e.rank_params = ceil_div(p_tp, x.pp);
+  e.rank_params = x.stage_params >= 0 ? x.stage_params : ceil_div(p_tp, x.pp);
   e.rank_trainable = lora ? std::min(e.rank_params, ceil_div(ceil_div(T, x.tp), x.pp)) : e.rank_params;
 
   const auto& r = x.recipe.bytes;
@@ -269,7 +269,61 @@ TinyLMCounts tiny_lm_counts(const ModelSpec& m) {
   c.final_norm = 2 * d;
   c.head = V * d;
   c.total = c.embeddings + c.blocks + c.final_norm + c.head;
+  c.layers = m.layers;
+  c.block_tp_split = 3 * d * d + d * d + (d * ff + ff) + ff * d;
   return c;
+}
+
+int64_t TinyLMCounts::stage(int pp, int s) const {
+  const int64_t first = static_cast<int64_t>(s) * layers / pp, end = static_cast<int64_t>(s + 1) * layers / pp;
+  return (end - first) * block + (s == 0 ? embeddings : 0) + (s == pp - 1 ? final_norm + head : 0);
+}
+
+// NOTE [built-in model state] recipe_for_run says what a dtype and optimizer need; the
+// built-in strategies keep exactly that, divided as estimate_memory divides it, except:
+//   zero1, zero2: each rank steps a master shard that is a separate copy of its slice of
+//     the full weights, also in float64/float32 runs (DeepSpeed's partitioned fp32 groups
+//     are a copy even for an fp32 model), so master = the run dtype's bytes.
+//   fsdp, bfloat16: the gradient shard accumulates over microsteps in the master's dtype
+//     (float32), so grads = 4 B.
+// zero3 and fsdp keep the weight shard in the run dtype (the master itself unless
+// bfloat16), and free gathered parameters after use; tp, pp, ddp, single hold their
+// parameters, gradients and optimizer slots. backends/zero.cpp NOTE [zero model state].
+Recipe recipe_for_strategy(Sharding strategy, DType dtype, const OptimizerSpec& optimizer) {
+  Recipe r = recipe_for_run(dtype, optimizer);
+  const std::string sd = short_dtype(dtype);
+  if ((strategy == Sharding::ZeRO1 || strategy == Sharding::ZeRO2) && r.bytes.master_bytes == 0) {
+    r.bytes.master_bytes = dtype_bytes(dtype);
+    r.master_label = sd + " master shard (a copy of the weights' slice)";
+    r.name += "+master-shard";
+  }
+  if (strategy == Sharding::FSDP && dtype == DType::BFloat16) {
+    r.bytes.grad_bytes = 4;
+    r.grad_label = "fp32 grad shard";
+    r.name += "+fp32-grad-shard";
+  }
+  r.note = "what the built-in " + sharding_name(strategy) + " keeps for this dtype and optimizer";
+  return r;
+}
+
+MemoryEstimate estimate_for_run(const Spec& spec, const std::string& backend, int rank) {
+  const Sharding strategy = parse_sharding(backend);
+  const TinyLMCounts c = tiny_lm_counts(spec.model);
+  const auto& t = spec.topology;
+  EstimateInput in;
+  in.params = c.total;
+  in.recipe = recipe_for_strategy(strategy, spec.dtype, spec.optimizer);
+  in.strategy = strategy;
+  in.world = t.world();
+  in.tp = t.tp;
+  in.pp = t.pp;
+  in.layer_params = c.block_tp_split * c.layers;
+  // zero3 gathers the whole model at once; fsdp's units are the embeddings, each block and the head.
+  in.largest_unit_params = strategy == Sharding::ZeRO3
+                               ? c.total
+                               : std::max({c.block, c.embeddings, c.final_norm + c.head});
+  if (t.pp > 1) in.stage_params = c.stage(t.pp, (rank / t.tp) % t.pp);
+  return estimate_memory(in);
 }
 
 int64_t TinyLMCounts::largest_unit() const { return std::max(block, embeddings + final_norm + head); }

@@ -55,6 +55,7 @@ struct EstimateInput {
   int tp = 1, pp = 1;              ///< model-parallel degrees (1 = none)
   int64_t layer_params = -1;       ///< parameters TP splits (inside the blocks); -1: all
   int64_t largest_unit_params = 0; ///< ZeRO-3 / FSDP: the largest unit gathered at once
+  int64_t stage_params = -1;       ///< PP: this rank's stage when the layout is known (-1: the average stage)
 };
 
 /// Per-rank model-state bytes by component, for the rank that holds the most.
@@ -91,10 +92,27 @@ struct TinyLMCounts {
   int64_t final_norm = 0;  ///< ln_f
   int64_t head = 0;        ///< lm_head (no bias)
   int64_t total = 0;
+  int layers = 0;
+  int64_t block_tp_split = 0;  ///< of one block, what backends/tp.cpp splits (q|k|v, proj and
+                               ///< fc_out weights, fc weight and bias); the rest is replicated
   /// The largest FSDP unit when each block is a unit and the root holds the rest.
   int64_t largest_unit() const;
+  /// Parameters of pipeline stage `stage` of `pp` as backends/pp.cpp splits them: blocks
+  /// [stage L / pp, (stage + 1) L / pp), the embeddings on the first, ln_f and the head on the last.
+  int64_t stage(int pp, int stage) const;
 };
 TinyLMCounts tiny_lm_counts(const ModelSpec& m);
+
+/// The recipe of a built-in backend run: recipe_for_run plus what the strategy's
+/// implementation keeps beyond it (NOTE [built-in model state] in memory.cpp): ZeRO-1/2
+/// step a separate master shard in the run dtype; FSDP accumulates the gradient shard in
+/// the master's dtype (float32 for bfloat16 runs).
+Recipe recipe_for_strategy(Sharding strategy, DType dtype, const OptimizerSpec& optimizer);
+/// The estimate memory.lower_bound holds global rank `rank` of a built-in backend run to:
+/// the tiny LM's counts, recipe_for_strategy, the spec's topology; TP splits exactly what
+/// backends/tp.cpp splits, PP counts the rank's own stage. Throws std::invalid_argument for
+/// a backend that is not a built-in strategy.
+MemoryEstimate estimate_for_run(const Spec& spec, const std::string& backend, int rank);
 
 /// "8.94 GiB", "3.20 MiB", "512 B" (binary units, 2 decimals above 1 KiB).
 std::string human_bytes(double bytes);

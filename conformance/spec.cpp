@@ -150,6 +150,7 @@ void validate_spec(const Spec& s) {
     if (!(v > 0)) throw SpecError(f, "must be > 0");
   if (!(s.timeout.collective_s > 0)) throw SpecError("timeout.collective_s", "must be > 0");
   if (!(s.timeout.run_s > 0)) throw SpecError("timeout.run_s", "must be > 0");
+  if (!(s.memory.budget_bytes >= 0)) throw SpecError("memory.budget_bytes", "must be >= 0 (0: no budget)");
 }
 
 Spec parse_spec(const std::string& text, const std::string& source) {
@@ -213,6 +214,7 @@ Spec parse_spec(const std::string& text, const std::string& source) {
     t.get("collective_s", s.timeout.collective_s);
     t.get("run_s", s.timeout.run_s);
   });
+  r.object("memory", [&](Reader& m) { m.get("budget_bytes", s.memory.budget_bytes); });
   r.finish();
   validate_spec(s);
   return s;
@@ -247,6 +249,7 @@ std::string spec_to_json(const Spec& s) {
       {"tolerance", {{"float64", s.tolerance.float64}, {"float32", s.tolerance.float32},
                      {"bfloat16", s.tolerance.bfloat16}}},
       {"timeout", {{"collective_s", s.timeout.collective_s}, {"run_s", s.timeout.run_s}}},
+      {"memory", {{"budget_bytes", s.memory.budget_bytes}}},
   };
   return j.dump(2);
 }

@@ -75,6 +75,11 @@ struct TimeoutSpec {
   double run_s = 300;        ///< the whole rank group
 };
 
+/// The memory budget memory.budget holds every phase peak to (per rank, phase and bucket).
+struct MemorySpec {
+  double budget_bytes = 0;  ///< 0: no budget (memory.budget is skipped)
+};
+
 /// Everything a run is a function of.
 struct Spec {
   uint64_t seed = 1234;
@@ -87,6 +92,7 @@ struct Spec {
   OptimizerSpec optimizer;
   ToleranceSpec tolerance;
   TimeoutSpec timeout;
+  MemorySpec memory;
 
   /// The relative tolerance for this spec's dtype.
   double parity_tolerance() const;

@@ -189,4 +189,56 @@ std::string throughput_markdown(const std::vector<Throughput>& runs) {
   return o.str();
 }
 
+std::string memory_table(const std::vector<MemoryRunReport>& runs) {
+  std::ostringstream o;
+  char line[512];
+  const char* head = "#%-30s %11s %11s %7s %10s %10s %10s  %s\n";
+  o << "#\n# memory: model state (exact storage vs the estimate's lower bound), peak per length bucket (worst rank "
+       "and phase)\n";
+  std::snprintf(line, sizeof line, head, "run", "estimate", "measured", "diff", "short", "typical", "long",
+                "worst peak (rank, bucket, phase)");
+  o << line;
+  for (const auto& r : runs) {
+    std::map<std::string, int64_t> by_bucket;
+    for (const auto& p : r.peaks) by_bucket[p.bucket] = std::max(by_bucket[p.bucket], p.peak_bytes);
+    auto bucket = [&](const char* b) {
+      auto it = by_bucket.find(b);
+      return it == by_bucket.end() ? std::string("-") : cell_bytes(it->second);
+    };
+    std::string diff = "-";
+    if (r.has_estimate && r.measured_model_state_bytes > 0 && r.estimate.model_state() > 0)
+      diff = fixed(100.0 * static_cast<double>(r.measured_model_state_bytes - r.estimate.model_state()) /
+                       static_cast<double>(r.estimate.model_state()),
+                   "%+.2f%%");
+    const PhasePeak* w = worst_of(r.peaks);
+    const std::string where = w ? "rank " + std::to_string(w->rank) + ", " + w->bucket + ", " + w->phase : "-";
+    std::snprintf(line, sizeof line, " %-30s %11s %11s %7s %10s %10s %10s  %s\n", r.backend.c_str(),
+                  r.has_estimate ? cell_bytes(r.estimate.model_state()).c_str() : "-",
+                  cell_bytes(r.measured_model_state_bytes).c_str(), diff.c_str(), bucket("short").c_str(),
+                  bucket("typical").c_str(), bucket("long").c_str(), where.c_str());
+    o << line;
+  }
+  return o.str();
+}
+
+std::string throughput_table(const std::vector<Throughput>& runs) {
+  std::ostringstream o;
+  char line[512];
+  const char* head = "#%-30s %3s %11s %11s %9s %9s %10s %7s %6s %7s\n";
+  o << "#\n# throughput (timed updates after 1 warmup; scaling vs single on the same plan, valid target tokens/s)\n";
+  std::snprintf(line, sizeof line, head, "run", "D", "input tok/s", "target tok/s", "step ms", "save ms", "peak",
+                "speedup", "eff", "GPU-h x");
+  o << line;
+  for (const auto& t : runs) {
+    std::snprintf(line, sizeof line, " %-30s %3d %11.1f %11.1f %9.2f %9s %10s %7s %6s %7s\n", t.backend.c_str(),
+                  t.devices, t.input_tokens_per_s, t.target_tokens_per_s, t.step_seconds * 1e3,
+                  t.save_pause_seconds < 0 ? "-" : fixed(t.save_pause_seconds * 1e3, "%.2f").c_str(),
+                  cell_bytes(t.peak_bytes).c_str(), t.has_baseline ? fixed(t.scaling.speedup, "%.2f").c_str() : "-",
+                  t.has_baseline ? fixed(t.scaling.efficiency, "%.2f").c_str() : "-",
+                  t.has_baseline ? fixed(t.scaling.gpu_hours_ratio, "%.2f").c_str() : "-");
+    o << line;
+  }
+  return o.str();
+}
+
 }  // namespace gradcert

@@ -29,10 +29,17 @@ nlohmann::json memory_json(const std::vector<MemoryRunReport>& runs);
 /// (backend, rank, phase x short / typical / long).
 std::string memory_markdown(const std::vector<MemoryRunReport>& runs);
 
+/// The console table (`gradcert run`, `scripts/certify`): per run, the model-state estimate
+/// and measured bytes, their difference, the peak per length bucket (worst rank and phase)
+/// and where the worst peak is.
+std::string memory_table(const std::vector<MemoryRunReport>& runs);
+
 /// {"runs": [{backend, devices, input_tokens_per_s, target_tokens_per_s, step_seconds,
 /// save_pause_seconds, peak_bytes, speedup, efficiency, gpu_hours_ratio, ...}]}.
 nlohmann::json throughput_json(const std::vector<Throughput>& runs);
 /// "## Throughput": one row per backend; scaling columns read "-" without a baseline.
 std::string throughput_markdown(const std::vector<Throughput>& runs);
+/// The console table: one line per run, the columns of throughput_markdown.
+std::string throughput_table(const std::vector<Throughput>& runs);
 
 }  // namespace gradcert

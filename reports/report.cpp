@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "conformance/tensors.hpp"
+#include "reports/memory_report.hpp"
 
 namespace gradcert {
 
@@ -51,6 +52,20 @@ std::string fmt(double x) {
   else
     std::snprintf(b, sizeof b, "%.2e", x);
   return b;
+}
+
+// The memory and throughput of the correct runs that measured them (mutants are left out).
+std::vector<MemoryRunReport> memory_runs(const Report& r) {
+  std::vector<MemoryRunReport> out;
+  for (const auto& run : r.runs)
+    if (run.inject.empty() && run.error.empty() && run.has_memory) out.push_back(run.memory);
+  return out;
+}
+std::vector<Throughput> throughput_runs(const Report& r) {
+  std::vector<Throughput> out;
+  for (const auto& run : r.runs)
+    if (run.inject.empty() && run.error.empty() && run.has_throughput) out.push_back(run.throughput);
+  return out;
 }
 
 std::string tolerance_text(const CheckResult& c) { return c.tolerance == 0 ? "exact" : fmt(c.tolerance); }
@@ -121,6 +136,8 @@ std::string report_json(const Report& r) {
               {"spec", r.spec_json.empty() ? json(nullptr) : json::parse(r.spec_json)},
               {"runs", runs},
               {"mutants", mutants},
+              {"memory", memory_json(memory_runs(r))},
+              {"throughput", throughput_json(throughput_runs(r))},
               {"verdict", r.passed() ? "pass" : "fail"}};
   return out.dump(2) + "\n";
 }
@@ -199,6 +216,8 @@ std::string report_markdown(const Report& r) {
         << " |\n";
     }
   }
+  if (const auto m = memory_runs(r); !m.empty()) o << "\n" << memory_markdown(m);
+  if (const auto t = throughput_runs(r); !t.empty()) o << "\n" << throughput_markdown(t);
   return o.str();
 }
 
@@ -251,6 +270,8 @@ std::string report_table(const Report& r) {
       if (!run.error.empty()) o << "   " << run.error << "\n";
     }
   }
+  if (const auto m = memory_runs(r); !m.empty()) o << memory_table(m);
+  if (const auto t = throughput_runs(r); !t.empty()) o << throughput_table(t);
   o << "# #wrong: " << wrong << "\n# " << (r.passed() ? "OK" : "FAILED") << "\n";
   return o.str();
 }

@@ -6,6 +6,7 @@
 
 #include "conformance/checks.hpp"
 #include "conformance/spec.hpp"
+#include "reports/memory_report.hpp"
 
 namespace gradcert {
 
@@ -34,6 +35,12 @@ struct RunReport {
   std::string error;      ///< set when the run itself failed (names the rank)
   std::string run_dir;
   double wall_seconds = 0;
+  /// Built-in backends: the estimate, measured model state and phase peaks (memory.* checks).
+  bool has_memory = false;
+  MemoryRunReport memory;
+  /// Rates from the manifest's step times; scaling against `single` is set by certify.
+  bool has_throughput = false;
+  Throughput throughput;
 
   /// No check failed and the run did not fail.
   bool passed() const;

@@ -3,6 +3,7 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
@@ -43,6 +44,22 @@ struct RankContext {
   /// for assembling the checks' full tensors, which the worker does not report). A phase
   /// may close several times per update (per microstep): the worker keeps its maximum.
   void mark(const std::string& phase) const;
+  /// Seconds this update spent building the checks' full tensors; the worker subtracts
+  /// them from the step time (artifacts are gathered outside the timed step).
+  double untimed_seconds = 0;
+};
+
+/// Adds the wall time of its scope to ctx.untimed_seconds.
+class UntimedScope {
+ public:
+  explicit UntimedScope(RankContext& ctx) : ctx_(ctx), t0_(std::chrono::steady_clock::now()) {}
+  ~UntimedScope() {
+    ctx_.untimed_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+  }
+
+ private:
+  RankContext& ctx_;
+  std::chrono::steady_clock::time_point t0_;
 };
 
 /// The data-parallel group of a rank (null when D == 1).

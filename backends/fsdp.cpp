@@ -81,11 +81,7 @@ class FsdpBackend : public Backend {
 
   RankUpdate run_update(RankContext& ctx, int update) override {
     const WindowWork work = prepare_window(ctx, update, last_full_targets_);
-    RankUpdate out;
-    out.record.update = update;
-    out.record.consumed = work.consumed;
-    out.record.valid_targets = work.local_targets;
-    out.valid_targets = work.window_targets;
+    RankUpdate out = work.start_update(update);
     for (auto& u : units_) u->grad_shard = torch::zeros({u->shard->shard}, u->master.options());
 
     for (size_t a = 0; a < work.batches.size(); ++a) {
@@ -129,9 +125,7 @@ class FsdpBackend : public Backend {
       ctx.mark("backward");
     }
 
-    auto [S, unused] = allreduce_sum(ctx, out.record.loss_sum, 0);
-    (void)unused;
-    out.loss = out.valid_targets > 0 ? S / static_cast<double>(out.valid_targets) : 0.0;
+    reduce_global_loss(ctx, out);
     for (auto& u : units_) {
       optimizer_step(ctx.spec->optimizer, update + 1, u->master, u->grad_shard.to(u->master.scalar_type()), u->slot);
       if (u->weights.data_ptr() != u->master.data_ptr()) u->weights.copy_(u->master);

@@ -63,6 +63,7 @@ const FlatLayout::Entry& FlatLayout::at(const std::string& name) const {
 
 TensorMap assemble_full(RankContext& ctx, const FlatLayout& layout, DType dtype,
                         const std::function<void(torch::Tensor flat)>& fill) {
+  UntimedScope untimed(ctx);
   torch::NoGradGuard ng;
   auto flat = torch::zeros({layout.total}, torch::kFloat64);
   fill(flat);

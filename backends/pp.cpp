@@ -46,11 +46,7 @@ class PpBackend : public Backend {
   RankUpdate run_update(RankContext& ctx, int update) override {
     const Plan& plan = *ctx.plan;
     const WindowWork work = prepare_window(ctx, update, last_full_targets_);
-    RankUpdate out;
-    out.record.update = update;
-    out.record.consumed = work.consumed;
-    out.record.valid_targets = work.local_targets;
-    out.valid_targets = work.window_targets;
+    RankUpdate out = work.start_update(update);
     for (auto& [name, p] : owned_) p.mutable_grad() = torch::zeros_like(p);
 
     const bool first = me_.pp == 0, last = me_.pp == plan.pp - 1;

@@ -65,6 +65,20 @@ double WindowWork::scale(const RankContext& ctx, int a, int dp) const {
   return loss_scale(ctx.inject, dp, ctx.plan->accum, window_targets, batches[a].valid_targets, local_targets);
 }
 
+RankUpdate WindowWork::start_update(int update) const {
+  RankUpdate out;
+  out.record.update = update;
+  out.record.consumed = consumed;
+  out.record.valid_targets = local_targets;
+  out.valid_targets = window_targets;
+  return out;
+}
+
+void reduce_global_loss(RankContext& ctx, RankUpdate& out) {
+  const double S = allreduce_sum(ctx, out.record.loss_sum, 0).first;
+  out.loss = out.valid_targets > 0 ? S / static_cast<double>(out.valid_targets) : 0.0;
+}
+
 WindowWork prepare_window(RankContext& ctx, int update, int64_t& last_full_targets) {
   const Plan& plan = *ctx.plan;
   const Window& w = plan.windows.at(update);
@@ -84,11 +98,7 @@ WindowWork prepare_window(RankContext& ctx, int update, int64_t& last_full_targe
 
 RankUpdate ReplicaState::accumulate(RankContext& ctx, int update) {
   const WindowWork work = prepare_window(ctx, update, last_full_window_targets_);
-  RankUpdate out;
-  out.record.update = update;
-  out.record.consumed = work.consumed;
-  out.record.valid_targets = work.local_targets;
-  out.valid_targets = work.window_targets;
+  RankUpdate out = work.start_update(update);
 
   model_->zero_grad(/*set_to_none=*/false);
   for (auto& p : model_->parameters())
@@ -167,15 +177,16 @@ void ParamStepper::step(const RankContext& ctx, int update,
 }
 
 void ReplicaState::sync(RankContext& ctx, RankUpdate& out) {
-  auto [S, unused] = allreduce_sum(ctx, out.record.loss_sum, 0);
-  (void)unused;
-  out.loss = out.valid_targets > 0 ? S / static_cast<double>(out.valid_targets) : 0.0;
+  reduce_global_loss(ctx, out);
   average_gradients(ctx, model_->parameters());
   ctx.mark("backward");  // the gradient all-reduce ends the backward phase
 }
 
 void ReplicaState::step(RankContext& ctx, int update) {
-  if (ctx.rank == 0) grads_before_step_ = grads_of(model_, ctx.spec->dtype);
+  if (ctx.rank == 0) {
+    UntimedScope untimed(ctx);
+    grads_before_step_ = grads_of(model_, ctx.spec->dtype);
+  }
   ctx.mark("artifacts");
   std::vector<std::pair<std::string, torch::Tensor>> params;
   for (auto& p : model_->named_parameters()) params.emplace_back(p.key(), p.value());
@@ -187,6 +198,7 @@ void ReplicaState::collect(RankContext& ctx, RankUpdate& out) {
   if (!dp_group(ctx)) out.loss = out.valid_targets > 0 ? out.record.loss_sum / static_cast<double>(out.valid_targets) : 0.0;
   if (ctx.rank != 0) return;
   out.grads = std::move(grads_before_step_);
+  UntimedScope untimed(ctx);
   out.params_after = params_of(model_, ctx.spec->dtype);
 }
 

@@ -28,7 +28,12 @@ struct WindowWork {
   int64_t window_targets = 0;                   ///< N: n_r summed over the DP group
   /// The factor on S_{r,a} for microstep a (the D*S/N rule or the planted variant).
   double scale(const RankContext& ctx, int a, int dp) const;
+  /// A RankUpdate for `update` carrying what this rank consumed and the N it uses.
+  RankUpdate start_update(int update) const;
 };
+
+/// Sets out.loss to the global token mean: the loss sums of the DP group over out's N.
+void reduce_global_loss(RankContext& ctx, RankUpdate& out);
 
 /// Collates the window for this rank and computes N by a sum-allreduce of local counts over
 /// the DP group (every rank joins, even with no examples). `last_full_targets` carries the

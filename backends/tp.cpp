@@ -169,11 +169,7 @@ class TpBackend : public Backend {
   RankUpdate run_update(RankContext& ctx, int update) override {
     tp_group = ctx.tp_pg ? ctx.tp_pg.get() : nullptr;
     const WindowWork work = prepare_window(ctx, update, last_full_targets_);
-    RankUpdate out;
-    out.record.update = update;
-    out.record.consumed = work.consumed;
-    out.record.valid_targets = work.local_targets;
-    out.valid_targets = work.window_targets;
+    RankUpdate out = work.start_update(update);
     // The planted tp-counted-as-dp takes D as the world size, counting TP ranks as replicas.
     const int dp = ctx.inject == "tp-counted-as-dp" ? ctx.world : ctx.plan->dp;
 
@@ -191,9 +187,7 @@ class TpBackend : public Backend {
       out.record.loss_sum += S.item<double>();
       ctx.mark("backward");
     }
-    auto [S, unused] = allreduce_sum(ctx, out.record.loss_sum, 0);
-    (void)unused;
-    out.loss = out.valid_targets > 0 ? S / static_cast<double>(out.valid_targets) : 0.0;
+    reduce_global_loss(ctx, out);
     average_gradients(ctx, params);
     ctx.mark("backward");
 

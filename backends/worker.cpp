@@ -43,10 +43,11 @@ void maybe_corrupt(const std::string& dir, int rank, int update) {
   std::filesystem::resize_file(path, std::filesystem::file_size(path) - 8);
 }
 
-c10::intrusive_ptr<c10d::Store> make_store(int rank, int world, int port, double timeout_s) {
+// Every rank is a client of the store the harness serves (NOTE [store] in harness.cpp).
+c10::intrusive_ptr<c10d::Store> make_store(int world, int port, double timeout_s) {
   c10d::TCPStoreOptions opts;
   opts.port = static_cast<uint16_t>(port);
-  opts.isServer = rank == 0;
+  opts.isServer = false;
   opts.numWorkers = world;
   opts.waitWorkers = false;
   opts.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
@@ -163,16 +164,18 @@ int worker_main(const WorkerArgs& args) {
     ctx.rank = rank;
     ctx.world = world;
     ctx.inject = args.inject;
-    if (world > 1) make_process_groups(ctx, make_store(rank, world, args.store_port, spec.timeout.collective_s));
+    if (world > 1) make_process_groups(ctx, make_store(world, args.store_port, spec.timeout.collective_s));
     backend->setup(ctx);
 
     std::vector<RankUpdateRecord> records;
     std::vector<ManifestUpdate> manifest;
     for (const auto& w : plan.windows) {
       maybe_fault(rank, w.update);
+      ctx.untimed_seconds = 0;
       const auto t0 = std::chrono::steady_clock::now();
       RankUpdate u = backend->run_update(ctx, w.update);
-      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const double secs =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() - ctx.untimed_seconds;
       records.push_back(u.record);
       if (rank == 0) {
         write_update_tensors(args.run_dir, w.update, u.grads, u.params_after);

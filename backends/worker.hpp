@@ -9,7 +9,7 @@ struct WorkerArgs {
   std::string run_dir;  ///< holds spec.json; the rank writes its artifacts here
   std::string backend;
   std::string inject;
-  int store_port = 0;   ///< rank 0 serves the c10d TCPStore on 127.0.0.1:store_port
+  int store_port = 0;   ///< the harness serves the c10d TCPStore on 127.0.0.1:store_port
 };
 
 /// Runs every update of the plan on this rank and writes its artifacts. Returns the exit

@@ -82,9 +82,7 @@ RankUpdate ZeroState::run_update(RankContext& ctx, int update) {
   if (stage_ == 3 && !(stale && update > 0)) gather_params(ctx);
 
   RankUpdate out = replica_.accumulate(ctx, update);
-  auto [S, unused] = allreduce_sum(ctx, out.record.loss_sum, 0);
-  (void)unused;
-  out.loss = out.valid_targets > 0 ? S / static_cast<double>(out.valid_targets) : 0.0;
+  reduce_global_loss(ctx, out);
 
   torch::NoGradGuard ng;
   torch::Tensor grad_shard;

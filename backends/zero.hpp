@@ -35,4 +35,22 @@ class ZeroState {
   OptimizerSlot slot_;
 };
 
+/// The backend of one ZeRO stage: zero1.cpp, zero2.cpp and zero3.cpp each make one.
+class ZeroBackend : public Backend {
+ public:
+  explicit ZeroBackend(int stage) : stage_(stage), state_(stage) {}
+  std::string name() const override { return "zero" + std::to_string(stage_); }
+  void validate(const Plan& plan, int world, const std::string& inject) const override {
+    if (plan.tp != 1 || plan.pp != 1) throw std::invalid_argument("backend " + name() + " needs TP = PP = 1");
+    Backend::validate(plan, world, inject);
+  }
+  void setup(RankContext& ctx) override { state_.setup(ctx); }
+  RankUpdate run_update(RankContext& ctx, int update) override { return state_.run_update(ctx, update); }
+  NamedTensors state_tensors() override { return state_.state_tensors(); }
+
+ private:
+  int stage_;
+  ZeroState state_;
+};
+
 }  // namespace gradcert

@@ -1,5 +1,6 @@
 #include "conformance/harness.hpp"
 
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/version.h>
 #include <unistd.h>
 
@@ -167,11 +168,23 @@ RunReport run_backend(const RunRequest& req) {
   write_file_atomic(req.run_dir + "/spec.json", spec_to_json(spec));
   write_file_atomic(req.run_dir + "/plan.json", plan_to_json(plan, spec));
 
+  // NOTE [store] The harness serves the ranks' c10d TCPStore itself, on a port the kernel
+  // picks (port 0), for the life of the run: no rank has to win a race for a "free" port
+  // another run may take first, and no rank's death takes the store with it.
+  c10::intrusive_ptr<c10d::TCPStore> store;
+  if (!external && world > 1) {
+    c10d::TCPStoreOptions opts;
+    opts.port = 0;
+    opts.isServer = true;
+    opts.waitWorkers = false;
+    opts.timeout = std::chrono::milliseconds(static_cast<int64_t>(spec.timeout.collective_s * 1000));
+    store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", opts);
+  }
   LaunchRequest launch_req;
   launch_req.kind = req.launcher;
   launch_req.world = world;
   launch_req.argv = {req.exe, "worker", "--run-dir", req.run_dir, "--backend", req.backend,
-                     "--port", std::to_string(free_local_port())};
+                     "--port", std::to_string(store ? store->getPort() : 0)};
   if (!req.inject.empty()) launch_req.argv.insert(launch_req.argv.end(), {"--inject", req.inject});
   if (external) {
     // One launcher process runs the command; the stack starts its own ranks (e.g. torchrun).

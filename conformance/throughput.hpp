@@ -18,7 +18,7 @@ struct TimedUpdate {
 /// What `gradcert` reports per backend. Scaling fields are set by compare_to_single.
 struct Throughput {
   std::string backend;
-  int devices = 1;                  ///< D: ranks the run used
+  int devices = 1;                  ///< ranks (devices) the run used: efficiency = speedup / devices
   int timed_updates = 0;            ///< updates after warmup that the rates use
   int warmup_updates = 0;           ///< updates left out as warmup
   double input_tokens_per_s = 0;    ///< non-pad input tokens / s

@@ -171,7 +171,7 @@ json throughput_json(const std::vector<Throughput>& runs) {
 std::string throughput_markdown(const std::vector<Throughput>& runs) {
   std::ostringstream o;
   o << "## Throughput\n\n"
-    << "| backend | D | input tok/s | target tok/s | step (median) | saving pause | peak | speedup | efficiency | "
+    << "| backend | ranks | input tok/s | target tok/s | step (median) | saving pause | peak | speedup | efficiency | "
        "GPU-hours ratio |\n|---|---|---|---|---|---|---|---|---|---|\n";
   for (const auto& t : runs) {
     o << "| " << t.backend << " | " << t.devices << " | " << fixed(t.input_tokens_per_s, "%.1f") << " | "
@@ -225,8 +225,8 @@ std::string throughput_table(const std::vector<Throughput>& runs) {
   std::ostringstream o;
   char line[512];
   const char* head = "#%-30s %3s %11s %11s %9s %9s %10s %7s %6s %7s\n";
-  o << "#\n# throughput (timed updates after 1 warmup; scaling vs single on the same plan, valid target tokens/s)\n";
-  std::snprintf(line, sizeof line, head, "run", "D", "input tok/s", "target tok/s", "step ms", "save ms", "peak",
+  o << "#\n# throughput (timed updates after 1 warmup; scaling: valid target tokens/s vs single with the same spec, dtype and optimizer)\n";
+  std::snprintf(line, sizeof line, head, "run", "ranks", "input tok/s", "target tok/s", "step ms", "save ms", "peak",
                 "speedup", "eff", "GPU-h x");
   o << line;
   for (const auto& t : runs) {

@@ -621,20 +621,6 @@ json side_json(const AuditSide& s, const RunReport& r, const AuditSideFacts& f) 
   return j;
 }
 
-std::string xml_escape(const std::string& s) {
-  std::string o;
-  for (char ch : s) switch (ch) {
-      case '&': o += "&amp;"; break;
-      case '<': o += "&lt;"; break;
-      case '>': o += "&gt;"; break;
-      case '"': o += "&quot;"; break;
-      case '\'': o += "&apos;"; break;
-      default:
-        if (static_cast<unsigned char>(ch) < 0x20 && ch != '\n' && ch != '\t') o += ' ';
-        else o += ch;
-    }
-  return o;
-}
 
 std::string pad(const std::string& s, size_t w, bool right = false) {
   if (s.size() >= w) return s;

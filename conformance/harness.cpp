@@ -73,14 +73,6 @@ void write_external_inputs(const Spec& spec, const std::string& dir) {
   write_safetensors(dir + "/initial.safetensors", initial_params(spec), {{"schema", "gradcert.initial/1"}});
 }
 
-std::string run_label(const RunReport& r) {
-  std::string s = r.backend + " dp" + std::to_string(r.topology.dp);
-  if (r.topology.tp > 1) s += " tp" + std::to_string(r.topology.tp);
-  if (r.topology.pp > 1) s += " pp" + std::to_string(r.topology.pp);
-  s += " " + r.dtype + " " + r.optimizer;
-  if (!r.inject.empty()) s += " inject=" + r.inject;
-  return s;
-}
 
 int severity(Verdict v) { return v == Verdict::Fail ? 2 : v == Verdict::Pass ? 1 : 0; }
 

@@ -70,6 +70,14 @@ std::vector<Throughput> throughput_runs(const Report& r) {
 
 std::string tolerance_text(const CheckResult& c) { return c.tolerance == 0 ? "exact" : fmt(c.tolerance); }
 
+// A mutant run's rows read "caught" when the check failed: that is the expected outcome.
+std::string verdict_cell(const RunReport& r, const CheckResult& c) {
+  if (r.inject.empty()) return verdict_name(c.verdict);
+  return c.verdict == Verdict::Fail ? "caught" : verdict_name(c.verdict);
+}
+
+}  // namespace
+
 std::string xml_escape(const std::string& s) {
   std::string o;
   for (char ch : s) switch (ch) {
@@ -93,14 +101,6 @@ std::string run_label(const RunReport& r) {
   if (!r.inject.empty()) s += " inject=" + r.inject;
   return s;
 }
-
-// A mutant run's rows read "caught" when the check failed: that is the expected outcome.
-std::string verdict_cell(const RunReport& r, const CheckResult& c) {
-  if (r.inject.empty()) return verdict_name(c.verdict);
-  return c.verdict == Verdict::Fail ? "caught" : verdict_name(c.verdict);
-}
-
-}  // namespace
 
 std::string report_json(const Report& r) {
   json runs = json::array();

@@ -58,6 +58,11 @@ struct Report {
   bool passed() const;
 };
 
+/// "ddp dp2 tp2 float64 sgd [inject=NAME]": how tables and suites name a run.
+std::string run_label(const RunReport& r);
+/// Text escaped for XML attributes and content (control characters become spaces).
+std::string xml_escape(const std::string& s);
+
 std::string report_json(const Report& r);
 std::string report_junit(const Report& r);
 std::string report_markdown(const Report& r);

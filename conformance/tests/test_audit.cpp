@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "conformance/tests/support.hpp"
 #include "conformance/audit.hpp"
 
 using namespace gradcert;
@@ -18,12 +19,7 @@ namespace {
 
 const std::string kRepo = GRADCERT_SOURCE_DIR;
 
-std::string fresh_dir(const std::string& name) {
-  const auto d = fs::temp_directory_path() / ("gradcert_test_audit_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d.string();
-}
+std::string fresh_dir(const std::string& name) { return test::fresh_dir("gradcert_test_audit", name); }
 
 std::string slurp(const std::string& path) {
   std::ifstream f(path);

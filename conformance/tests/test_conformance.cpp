@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "conformance/tests/support.hpp"
 #include "backends/registry.hpp"
 #include "conformance/harness.hpp"
 #include "conformance/plan.hpp"
@@ -17,12 +18,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string fresh_dir(const std::string& name) {
-  const auto d = fs::temp_directory_path() / ("gradcert_test_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d.string();
-}
+std::string fresh_dir(const std::string& name) { return test::fresh_dir("gradcert_test", name); }
 
 RunRequest request(const std::string& backend, int world, int accum, DType dtype, const std::string& name, int tp = 1,
                    int pp = 1) {
@@ -43,12 +39,7 @@ RunRequest request(const std::string& backend, int world, int accum, DType dtype
   return r;
 }
 
-std::string failures(const RunReport& r) {
-  std::string s = r.error;
-  for (const auto& c : r.checks)
-    if (c.verdict != Verdict::Pass) s += "\n" + c.id + " " + verdict_name(c.verdict) + ": " + c.detail;
-  return s;
-}
+using test::failures;
 
 struct Case {
   std::string backend;

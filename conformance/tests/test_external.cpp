@@ -10,6 +10,7 @@
 #include <sstream>
 #include <string>
 
+#include "conformance/tests/support.hpp"
 #include "conformance/harness.hpp"
 #include "conformance/plan.hpp"
 
@@ -22,12 +23,7 @@ const std::string kRepo = GRADCERT_SOURCE_DIR;
 
 std::string venv_bin(const std::string& tool) { return kRepo + "/.venv/bin/" + tool; }
 
-std::string fresh_dir(const std::string& name) {
-  const auto d = fs::temp_directory_path() / ("gradcert_test_ext_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d.string();
-}
+std::string fresh_dir(const std::string& name) { return test::fresh_dir("gradcert_test_ext", name); }
 
 /// The launch command of an adapter (backends/python/README.md has the same table).
 std::string torchrun(const std::string& adapter, const std::string& args = "") {
@@ -52,12 +48,7 @@ RunRequest request(const std::string& command, const std::string& name) {
   return r;
 }
 
-std::string failures(const RunReport& r) {
-  std::string s = r.error;
-  for (const auto& c : r.checks)
-    if (c.verdict != Verdict::Pass) s += "\n" + c.id + " " + verdict_name(c.verdict) + ": " + c.detail;
-  return s;
-}
+using test::failures;
 
 const CheckResult* check(const RunReport& r, const std::string& id) {
   for (const auto& c : r.checks)

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "conformance/tests/support.hpp"
 #include "conformance/artifacts.hpp"
 #include "conformance/harness.hpp"
 
@@ -16,12 +17,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string fresh_dir(const std::string& name) {
-  const auto d = fs::temp_directory_path() / ("gradcert_memtest_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d.string();
-}
+std::string fresh_dir(const std::string& name) { return test::fresh_dir("gradcert_memtest", name); }
 
 RunRequest request(const std::string& backend, int world, int tp, int pp, const std::string& optimizer,
                    const std::string& name) {

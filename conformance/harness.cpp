@@ -76,6 +76,24 @@ void write_external_inputs(const Spec& spec, const std::string& dir) {
 
 int severity(Verdict v) { return v == Verdict::Fail ? 2 : v == Verdict::Pass ? 1 : 0; }
 
+// Useful work per second from the manifest's step times and the plan's tokens (built-in
+// and external runs alike); the first update is warmup.
+void add_throughput(RunReport& report, const Plan& plan, const std::vector<BackendUpdate>& run) {
+  std::vector<TimedUpdate> updates;
+  for (size_t u = 0; u < run.size() && u < plan.windows.size(); ++u) {
+    TimedUpdate t;
+    t.seconds = run[u].step_seconds;
+    for (const auto& row : plan.windows[u].slots)
+      for (const auto& mb : row) {
+        t.input_tokens += mb.input_tokens;
+        t.valid_targets += mb.valid_targets;
+      }
+    updates.push_back(t);
+  }
+  report.throughput = measure_throughput(run_label(report), plan.world(), updates, /*warmup=*/1);
+  report.has_throughput = true;
+}
+
 // The memory checks and the throughput of a built-in backend run, from every rank's
 // rank<r>.memory.json (worker.cpp NOTE [memory probes]) and the manifest's step times.
 // memory.lower_bound holds each rank to the estimate for that rank (PP stages differ) and
@@ -111,21 +129,9 @@ void add_memory_and_throughput(RunReport& report, const Spec& spec, const Plan& 
   report.checks.push_back(check_memory_budget(m.peaks, spec.memory.budget_bytes));
   report.has_memory = true;
 
-  std::vector<TimedUpdate> updates;
-  for (size_t u = 0; u < run.size() && u < plan.windows.size(); ++u) {
-    TimedUpdate t;
-    t.seconds = run[u].step_seconds;
-    for (const auto& row : plan.windows[u].slots)
-      for (const auto& mb : row) {
-        t.input_tokens += mb.input_tokens;
-        t.valid_targets += mb.valid_targets;
-      }
-    updates.push_back(t);
-  }
-  report.throughput = measure_throughput(label, plan.world(), updates, /*warmup=*/1);
+  add_throughput(report, plan, run);
   report.throughput.save_pause_seconds = save_pause;
   for (const auto& p : m.peaks) report.throughput.peak_bytes = std::max(report.throughput.peak_bytes, p.peak_bytes);
-  report.has_throughput = true;
 }
 
 }  // namespace
@@ -214,7 +220,10 @@ RunReport run_backend(const RunRequest& req) {
       const auto reference =
           run_reference(spec, req.sampler_audit ? plan_from_consumed(spec, plan, artifacts) : plan);
       report.checks = run_checks(plan, spec.dataset.size, reference, artifacts, spec.parity_tolerance());
-      if (!external) add_memory_and_throughput(report, spec, plan, req.run_dir, artifacts);
+      if (external)
+        add_throughput(report, plan, artifacts);  // memory: the protocol has no memory file (v1)
+      else
+        add_memory_and_throughput(report, spec, plan, req.run_dir, artifacts);
     } catch (const ArtifactError& e) {
       report.error = std::string("bad artifacts: ") + e.what();
     }

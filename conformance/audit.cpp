@@ -1,4 +1,5 @@
 #include "conformance/audit.hpp"
+#include "conformance/memory.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -78,11 +79,7 @@ std::string seconds(double s) {
   return b;
 }
 
-std::string mib(double bytes) {
-  char b[32];
-  std::snprintf(b, sizeof b, "%.1f MiB", bytes / (1024.0 * 1024.0));
-  return b;
-}
+std::string mib(double bytes) { return human_bytes(bytes); }
 
 json number(double x) {
   if (std::isnan(x)) return "nan";
@@ -97,7 +94,12 @@ std::string memory_text(const AuditSideFacts& b, const AuditSideFacts& a) {
   };
   if (!b.peak_memory_bytes && !a.peak_memory_bytes && !b.model_state_bytes && !a.model_state_bytes)
     return "memory: neither stack reports it (external stacks: manifest peak_memory_bytes); step time only";
-  std::string t = "memory before / after: peak (worst rank and phase) " + both(b.peak_memory_bytes, a.peak_memory_bytes);
+  auto kinds = [&] {
+    if (b.peak_memory_kind == a.peak_memory_kind) return b.peak_memory_kind.empty() ? std::string() : " [" + b.peak_memory_kind + "]";
+    return " [" + (b.peak_memory_kind.empty() ? std::string("?") : b.peak_memory_kind) + " / " +
+           (a.peak_memory_kind.empty() ? std::string("?") : a.peak_memory_kind) + "]";
+  };
+  std::string t = "memory before / after: peak (worst rank) " + both(b.peak_memory_bytes, a.peak_memory_bytes) + kinds();
   if (b.model_state_bytes || a.model_state_bytes)
     t += "; model state (measured) " + both(b.model_state_bytes, a.model_state_bytes);
   return t;
@@ -128,16 +130,21 @@ SideData read_side(const std::string& dir, const Plan& plan, int world, DType dt
       for (auto it = m["versions"].begin(); it != m["versions"].end(); ++it)
         d.facts.versions[it.key()] = it.value().is_string() ? it.value().get<std::string>() : it.value().dump();
     if (m.contains("notes")) d.facts.notes = m["notes"].is_string() ? m["notes"].get<std::string>() : m["notes"].dump();
-    if (m.contains("peak_memory_bytes")) {
-      const json& pm = m["peak_memory_bytes"];
-      if (pm.is_number()) d.facts.peak_memory_bytes = pm.get<double>();
-      if (pm.is_array() && !pm.empty()) {  // per rank: the largest
-        double mx = 0;
-        for (const auto& x : pm)
-          if (x.is_number()) mx = std::max(mx, x.get<double>());
-        d.facts.peak_memory_bytes = mx;
-      }
-    }
+    // A number, or one per rank (the worst counts).
+    auto worst = [&](const char* key) -> std::optional<double> {
+      if (!m.contains(key)) return std::nullopt;
+      const json& v = m[key];
+      if (v.is_number()) return v.get<double>();
+      if (!v.is_array() || v.empty()) return std::nullopt;
+      double mx = 0;
+      for (const auto& x : v)
+        if (x.is_number()) mx = std::max(mx, x.get<double>());
+      return mx;
+    };
+    d.facts.peak_memory_bytes = worst("peak_memory_bytes");
+    d.facts.model_state_bytes = worst("model_state_bytes");
+    if (m.contains("peak_memory_kind") && m["peak_memory_kind"].is_string())
+      d.facts.peak_memory_kind = m["peak_memory_kind"].get<std::string>();
   }
   return d;
 }
@@ -413,6 +420,7 @@ AuditReport run_audit(const AuditRequest& q, std::ostream& progress) {
       if (r.memory.measured_model_state_bytes >= 0) f.model_state_bytes = double(r.memory.measured_model_state_bytes);
       for (const auto& p : r.memory.peaks)
         f.peak_memory_bytes = std::max(f.peak_memory_bytes.value_or(0.0), double(p.peak_bytes));
+      f.peak_memory_kind = "tracked tensor peak";
     }
     if (r.has_throughput && r.throughput.target_tokens_per_s > 0) f.target_tokens_per_s = r.throughput.target_tokens_per_s;
   };
@@ -433,9 +441,11 @@ AuditReport run_audit(const AuditRequest& q, std::ostream& progress) {
     const auto peak = into.peak_memory_bytes;
     const auto state = into.model_state_bytes;
     const auto rate = into.target_tokens_per_s;
+    const auto kind = into.peak_memory_kind;
     into = from;
     if (peak) into.peak_memory_bytes = peak;
-    into.model_state_bytes = state;
+    if (state) into.model_state_bytes = state;
+    if (!kind.empty()) into.peak_memory_kind = kind;
     into.target_tokens_per_s = rate;
   };
   merge(rep.before_facts, before.facts);

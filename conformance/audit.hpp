@@ -74,7 +74,10 @@ struct AuditSideFacts {
   double step_seconds_median = 0;
   std::optional<double> peak_memory_bytes;     ///< manifest "peak_memory_bytes" (external stacks), or the
                                                ///< worst phase peak of a built-in run (RunReport::memory)
-  std::optional<double> model_state_bytes;     ///< built-in: measured model state (RunReport::memory)
+  std::optional<double> model_state_bytes;     ///< built-in: measured model state (RunReport::memory);
+                                               ///< external: manifest "model_state_bytes" (worst rank)
+  std::string peak_memory_kind;                ///< what the peak measures ("tracked tensor peak", or the
+                                               ///< manifest's "peak_memory_kind")
   std::optional<double> target_tokens_per_s;   ///< built-in: RunReport::throughput
 };
 

@@ -361,6 +361,7 @@ class Recorder:
     def __init__(self, run: Run, rank: int, world: int, backend: str):
         self.run, self.rank, self.world, self.backend = run, rank, world, backend
         self.rank_updates, self.manifest_updates = [], []
+        self.memory = {}
 
     def record(self, update, consumed, loss_sum_r, targets_r, loss, N, step_seconds, grads, params):
         self.rank_updates.append({"update": update, "consumed": consumed, "loss_sum": loss_sum_r,
@@ -381,6 +382,7 @@ class Recorder:
                  "updates": self.manifest_updates, "versions": versions(self.backend, extra_versions)}
             if notes:
                 m["notes"] = notes
+            m.update(self.memory)
             write_json(os.path.join(self.run.out, "manifest.json"), m)
 
 
@@ -484,3 +486,47 @@ def train(run: Run, rank: int, world: int, model: nn.Module, strategy: Strategy,
         loss = S_global / N if N > 0 else 0.0
         params = strategy.full_params()
         recorder.record(u, consumed, S_r, n_r, loss, N, step_seconds, grads, params)
+    recorder.memory = memory_per_rank(model, optimizer, masters)
+
+
+def _local(t):
+    """The shard a rank really holds: a DTensor's local tensor, else the tensor."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def memory_per_rank(model: nn.Module, optimizer, masters: dict | None) -> dict:
+    """NOTE [adapter memory] Per rank, gathered to every rank: the exact storage of the
+    model state this rank holds (parameters, gradients, fp32 masters, optimizer state;
+    local shards of DTensors / FlatParameters, shared storage once) and the process
+    high-water mark (ru_maxrss: the whole process, Python and libraries included, so it
+    compares stacks with each other, not with gradcert's tracked tensor peaks)."""
+    import resource
+
+    seen, total = set(), 0
+
+    def add(t):
+        nonlocal total
+        if not isinstance(t, torch.Tensor):
+            return
+        t = _local(t)
+        st = t.untyped_storage()
+        if st.data_ptr() in seen:
+            return
+        seen.add(st.data_ptr())
+        total += st.nbytes()
+
+    for p in model.parameters():
+        add(p)
+        add(p.grad)
+    for p, master in (masters or {}).values():
+        add(master)
+        add(master.grad)
+    for st in getattr(optimizer, "state", {}).values():
+        for v in st.values():
+            add(v)
+    mine = [float(total), float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024.0]
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    return {"model_state_bytes": [e[0] for e in everyone],
+            "peak_memory_bytes": [e[1] for e in everyone],
+            "peak_memory_kind": "process high-water (ru_maxrss), per rank"}

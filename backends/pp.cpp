@@ -1,8 +1,8 @@
 // pp: pipeline parallelism. The blocks are split into PP contiguous stages (stage 0 also
 // holds the embeddings, the last stage the final norm, LM head and loss); each stage keeps
-// only its own parameters. The window's A microbatches run on a GPipe schedule: every
-// forward first (activations sent to the next stage), then every backward in reverse
-// (activation gradients sent to the previous stage), over c10d send/recv. With world > PP
+// only its own parameters. The window's A microbatches run on the spec's schedule
+// (pipeline.schedule): 1F1B (default) or GPipe (every forward, then every backward);
+// activations go to the next stage and their gradients back over c10d send/recv. With world > PP
 // it is PP x DP: each stage's gradients are averaged over its DP group. Stages of a replica
 // consume the same examples; shapes are known to both ends from the plan, so an empty
 // microbatch is skipped by both.
@@ -55,17 +55,16 @@ class PpBackend : public Backend {
     const auto dtype = scalar_type(ctx.spec->dtype);
     const int A = plan.accum;
     std::vector<torch::Tensor> inputs(A), outputs(A);
+    std::vector<c10::intrusive_ptr<c10d::Work>> sends;  // waited once the schedule is done
     double stage_loss = 0;
 
-    // GPipe: all forwards.
-    for (int a = 0; a < A; ++a) {
+    auto forward = [&](int a) {
       const Batch& b = work.batches[a];
-      if (b.empty()) continue;
-      const std::vector<int64_t> shape = {b.input.size(0), b.input.size(1), ctx.spec->model.d_model};
       torch::Tensor x;
       if (first) {
         x = embed_tokens(model_, b.input);
       } else {
+        const std::vector<int64_t> shape = {b.input.size(0), b.input.size(1), ctx.spec->model.d_model};
         x = recv(ctx, torch::empty(shape, torch::TensorOptions().dtype(dtype)), prev, tag(update, a, 0));
         x.requires_grad_();
       }
@@ -76,21 +75,43 @@ class PpBackend : public Backend {
         stage_loss += S.item<double>();
         outputs[a] = S * work.scale(ctx, a, plan.dp);
       } else {
-        send(ctx, x.detach(), next, tag(update, a, 0));
+        sends.push_back(send(ctx, x.detach(), next, tag(update, a, 0)));
         outputs[a] = x;
       }
-    }
-    ctx.mark("forward");
-    // GPipe: all backwards, in reverse.
-    for (int a = A - 1; a >= 0; --a) {
-      if (work.batches[a].empty()) continue;
+      ctx.mark("forward");
+    };
+    auto backward = [&](int a) {
       if (last)
         outputs[a].backward();
       else
         outputs[a].backward(recv(ctx, torch::empty_like(outputs[a]), next, tag(update, a, 1)));
-      if (!first) send(ctx, inputs[a].grad(), prev, tag(update, a, 1));
+      if (!first) sends.push_back(send(ctx, inputs[a].grad(), prev, tag(update, a, 1)));
+      inputs[a] = outputs[a] = torch::Tensor();  // 1F1B frees a microbatch's activations here
+      ctx.mark("backward");
+    };
+
+    // Both ends know which microbatches are empty (the plan), so both skip them.
+    std::vector<int> micro;
+    for (int a = 0; a < A; ++a)
+      if (!work.batches[a].empty()) micro.push_back(a);
+    const int M = static_cast<int>(micro.size());
+    if (ctx.spec->pipeline.schedule == "gpipe") {
+      // GPipe: every forward, then every backward in reverse.
+      for (int i = 0; i < M; ++i) forward(micro[i]);
+      for (int i = M - 1; i >= 0; --i) backward(micro[i]);
+    } else {
+      // 1F1B: stage s runs PP - 1 - s warm-up forwards, then alternates one forward and
+      // one backward, then drains the backwards; at most PP - s microbatches in flight.
+      // Sends are asynchronous and receives blocking, which keeps the schedule deadlock-free.
+      const int warmup = std::min(plan.pp - 1 - me_.pp, M);
+      for (int i = 0; i < warmup; ++i) forward(micro[i]);
+      for (int i = warmup; i < M; ++i) {
+        forward(micro[i]);
+        backward(micro[i - warmup]);
+      }
+      for (int i = M - warmup; i < M; ++i) backward(micro[i]);
     }
-    ctx.mark("backward");
+    for (auto& w : sends) w->wait();
 
     // The loss lives on the last stages: sum it over the world (other stages add 0).
     out.record.loss_sum = stage_loss;
@@ -135,9 +156,9 @@ class PpBackend : public Backend {
 
   static int tag(int update, int micro, int backward) { return (update * 4096 + micro) * 2 + backward; }
 
-  static void send(RankContext& ctx, const torch::Tensor& t, int peer, int tag) {
+  static c10::intrusive_ptr<c10d::Work> send(RankContext& ctx, const torch::Tensor& t, int peer, int tag) {
     std::vector<at::Tensor> v{t.contiguous()};
-    ctx.pg->send(v, peer, tag)->wait();
+    return ctx.pg->send(v, peer, tag);
   }
   static torch::Tensor recv(RankContext& ctx, torch::Tensor into, int peer, int tag) {
     std::vector<at::Tensor> v{into};

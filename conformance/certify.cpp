@@ -15,6 +15,7 @@ namespace {
 struct Topo {
   std::string backend;
   int world, tp, pp;
+  std::string schedule = "";  ///< pp only: overrides pipeline.schedule
 };
 
 // NOTE [certify matrix] Every strategy at its smallest interesting world (the primary
@@ -24,7 +25,7 @@ struct Topo {
 const std::vector<Topo> kPrimary = {{"single", 1, 1, 1}, {"ddp", 2, 1, 1},  {"zero1", 2, 1, 1}, {"zero2", 2, 1, 1},
                                     {"zero3", 2, 1, 1},  {"fsdp", 2, 1, 1}, {"tp", 2, 2, 1},    {"pp", 2, 1, 2}};
 const std::vector<Topo> kWider = {{"ddp", 3, 1, 1}, {"zero3", 3, 1, 1}, {"fsdp", 3, 1, 1},
-                                  {"tp", 4, 2, 1},  {"pp", 4, 1, 2}};
+                                  {"tp", 4, 2, 1},  {"pp", 4, 1, 2},    {"pp", 2, 1, 2, "gpipe"}};
 
 }  // namespace
 
@@ -35,6 +36,7 @@ std::vector<RunRequest> certify_matrix(const CertifyOptions& o) {
     r.spec = o.spec;
     r.spec.optimizer.name = optimizer;
     r.spec.dtype = dtype;
+    if (!t.schedule.empty()) r.spec.pipeline.schedule = t.schedule;
     r.backend = t.backend;
     r.world = t.world;
     r.tp = t.tp;
@@ -117,7 +119,7 @@ std::string run_dir_name(const RunRequest& r) {
   const Spec s = effective_spec(r);
   std::string n = r.backend + "-w" + std::to_string(s.topology.world());
   if (s.topology.tp > 1) n += "-tp" + std::to_string(s.topology.tp);
-  if (s.topology.pp > 1) n += "-pp" + std::to_string(s.topology.pp);
+  if (s.topology.pp > 1) n += "-pp" + std::to_string(s.topology.pp) + "-" + s.pipeline.schedule;
   n += "-" + dtype_name(s.dtype) + "-" + s.optimizer.name;
   if (!r.inject.empty()) n += "-" + r.inject;
   return n;

@@ -149,6 +149,8 @@ void validate_spec(const Spec& s) {
                       {s.tolerance.bfloat16, "tolerance.bfloat16"}})
     if (!(v > 0)) throw SpecError(f, "must be > 0");
   if (!(s.timeout.collective_s > 0)) throw SpecError("timeout.collective_s", "must be > 0");
+  if (s.pipeline.schedule != "1f1b" && s.pipeline.schedule != "gpipe")
+    throw SpecError("pipeline.schedule", "unknown schedule '" + s.pipeline.schedule + "' (expected 1f1b or gpipe)");
   if (!(s.timeout.run_s > 0)) throw SpecError("timeout.run_s", "must be > 0");
   if (!(s.memory.budget_bytes >= 0)) throw SpecError("memory.budget_bytes", "must be >= 0 (0: no budget)");
 }
@@ -210,6 +212,7 @@ Spec parse_spec(const std::string& text, const std::string& source) {
     t.get("float32", s.tolerance.float32);
     t.get("bfloat16", s.tolerance.bfloat16);
   });
+  r.object("pipeline", [&](Reader& q) { q.get("schedule", s.pipeline.schedule); });
   r.object("timeout", [&](Reader& t) {
     t.get("collective_s", s.timeout.collective_s);
     t.get("run_s", s.timeout.run_s);
@@ -249,6 +252,7 @@ std::string spec_to_json(const Spec& s) {
       {"tolerance", {{"float64", s.tolerance.float64}, {"float32", s.tolerance.float32},
                      {"bfloat16", s.tolerance.bfloat16}}},
       {"timeout", {{"collective_s", s.timeout.collective_s}, {"run_s", s.timeout.run_s}}},
+      {"pipeline", {{"schedule", s.pipeline.schedule}}},
       {"memory", {{"budget_bytes", s.memory.budget_bytes}}},
   };
   return j.dump(2);

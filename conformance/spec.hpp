@@ -69,6 +69,11 @@ struct ToleranceSpec {
   double bfloat16 = 1.5e-1;
 };
 
+/// How the pp backend schedules the window's microbatches.
+struct PipelineSpec {
+  std::string schedule = "1f1b";  ///< "1f1b" | "gpipe"
+};
+
 /// Limits that keep a broken run from hanging.
 struct TimeoutSpec {
   double collective_s = 30;  ///< each collective (Gloo timeout)
@@ -92,6 +97,7 @@ struct Spec {
   OptimizerSpec optimizer;
   ToleranceSpec tolerance;
   TimeoutSpec timeout;
+  PipelineSpec pipeline;
   MemorySpec memory;
 
   /// The relative tolerance for this spec's dtype.

@@ -134,6 +134,17 @@ INSTANTIATE_TEST_SUITE_P(
                     Case{"tp", 4, 3, DType::Float64, "sgd", 2, 1}, Case{"pp", 4, 3, DType::Float64, "sgd", 1, 2}),
     case_name);
 
+TEST(ConformancePipeline, OneFOneBAndGpipeBothMatchTheReference) {
+  for (const std::string schedule : {"1f1b", "gpipe"}) {
+    RunRequest req = request("pp", 4, 3, DType::Float64, "pipeline_" + schedule, 1, 4);
+    req.spec.model.layers = 4;
+    req.spec.pipeline.schedule = schedule;
+    const RunReport r = run_backend(req);
+    ASSERT_TRUE(r.error.empty()) << schedule << ": " << r.error;
+    EXPECT_TRUE(r.passed()) << schedule << ": " << failures(r);
+  }
+}
+
 TEST(ConformanceFailure, KilledRankFailsTheRunNamingIt) {
   RunRequest req = request("ddp", 2, 3, DType::Float64, "killed");
   req.spec.timeout.collective_s = 10;

@@ -56,16 +56,6 @@ std::string adapter_command(const std::string& root, const std::string& adapter,
   return out;
 }
 
-std::string fmt(double x) {
-  if (std::isinf(x)) return "inf";
-  if (std::isnan(x)) return "nan";
-  char b[32];
-  if (x == std::floor(x) && std::fabs(x) < 1e9)
-    std::snprintf(b, sizeof b, "%.0f", x);
-  else
-    std::snprintf(b, sizeof b, "%.2e", x);
-  return b;
-}
 
 std::string loss_text(double x) {
   char b[32];
@@ -81,11 +71,6 @@ std::string seconds(double s) {
 
 std::string mib(double bytes) { return human_bytes(bytes); }
 
-json number(double x) {
-  if (std::isnan(x)) return "nan";
-  if (std::isinf(x)) return x > 0 ? "inf" : "-inf";
-  return x;
-}
 
 /// Memory side by side, or why it is not shown.
 std::string memory_text(const AuditSideFacts& b, const AuditSideFacts& a) {
@@ -489,8 +474,8 @@ AuditReport run_audit(const AuditRequest& q, std::ostream& progress) {
       diff.push_back(at + "N differs: before " + std::to_string(au.n_before) + ", after " + std::to_string(au.n_after));
     const double lrel = std::fabs(a.loss - b.loss) / std::max(std::fabs(b.loss), 1e-300);
     if (!(lrel <= rep.tolerance))
-      diff.push_back(at + "loss differs: before " + loss_text(b.loss) + ", after " + loss_text(a.loss) + " (rel " + fmt(lrel) +
-                     " > " + fmt(rep.tolerance) + ")");
+      diff.push_back(at + "loss differs: before " + loss_text(b.loss) + ", after " + loss_text(a.loss) + " (rel " + figure_text(lrel) +
+                     " > " + figure_text(rep.tolerance) + ")");
   }
 
   // Per tensor and update: after vs before.
@@ -533,11 +518,11 @@ AuditReport run_audit(const AuditRequest& q, std::ostream& progress) {
       if (!b.grads.count(name)) diff.push_back(at + "tensor '" + name + "' is missing on the before side");
   }
   if (!(wg.rel <= rep.tolerance) && wg.rel >= 0)
-    diff.push_back("gradients differ between the two sides: worst " + wg.where + ": rel L2 " + fmt(wg.rel) +
-                   ", max abs " + fmt(wg.abs) + " (tolerance " + fmt(rep.tolerance) + ")");
+    diff.push_back("gradients differ between the two sides: worst " + wg.where + ": rel L2 " + figure_text(wg.rel) +
+                   ", max abs " + figure_text(wg.abs) + " (tolerance " + figure_text(rep.tolerance) + ")");
   if (!(wp.rel <= rep.tolerance) && wp.rel >= 0)
-    diff.push_back("parameters differ between the two sides: worst " + wp.where + ": rel L2 " + fmt(wp.rel) +
-                   ", max abs " + fmt(wp.abs) + " (tolerance " + fmt(rep.tolerance) + ")");
+    diff.push_back("parameters differ between the two sides: worst " + wp.where + ": rel L2 " + figure_text(wp.rel) +
+                   ", max abs " + figure_text(wp.abs) + " (tolerance " + figure_text(rep.tolerance) + ")");
 
   return rep;
 }
@@ -605,8 +590,8 @@ std::string side_facts_line(const AuditSide& s, const AuditSideFacts& f) {
 json side_json(const AuditSide& s, const RunReport& r, const AuditSideFacts& f) {
   json checks = json::array();
   for (const auto& c : r.checks)
-    checks.push_back({{"id", c.id}, {"verdict", verdict_name(c.verdict)}, {"figure", number(c.figure)},
-                      {"tolerance", number(c.tolerance)}, {"detail", c.detail}});
+    checks.push_back({{"id", c.id}, {"verdict", verdict_name(c.verdict)}, {"figure", json_number(c.figure)},
+                      {"tolerance", json_number(c.tolerance)}, {"detail", c.detail}});
   json j = {{"name", s.name},
             {"label", s.label},
             {"backend", s.backend},
@@ -637,7 +622,7 @@ std::string pad(const std::string& s, size_t w, bool right = false) {
   return right ? std::string(w - s.size(), ' ') + s : s + std::string(w - s.size(), ' ');
 }
 
-std::string figure_or(const CheckResult* c) { return c ? fmt(c->figure) : "-"; }
+std::string figure_or(const CheckResult* c) { return c ? figure_text(c->figure) : "-"; }
 std::string verdict_or(const RunReport& r, const CheckResult* c) {
   if (!r.error.empty()) return "error";
   return c ? verdict_name(c->verdict) : "-";
@@ -652,12 +637,12 @@ std::string audit_json(const AuditReport& r) {
     updates.push_back({{"update", u.update},
                        {"update_batch", {{"before", u.batch_before}, {"after", u.batch_after}}},
                        {"valid_targets", {{"before", u.n_before}, {"after", u.n_after}}},
-                       {"loss", {{"before", number(u.loss_before)}, {"after", number(u.loss_after)}}},
+                       {"loss", {{"before", json_number(u.loss_before)}, {"after", json_number(u.loss_after)}}},
                        {"step_seconds", {{"before", u.step_before}, {"after", u.step_after}}}});
   auto tensor_json = [](const AuditTensorDiff& d, bool with_update) {
     json j = {{"name", d.name},
-              {"grad", {{"rel_l2", number(d.grad_rel)}, {"max_abs", number(d.grad_max_abs)}}},
-              {"params", {{"rel_l2", number(d.param_rel)}, {"max_abs", number(d.param_max_abs)}}}};
+              {"grad", {{"rel_l2", json_number(d.grad_rel)}, {"max_abs", json_number(d.grad_max_abs)}}},
+              {"params", {{"rel_l2", json_number(d.param_rel)}, {"max_abs", json_number(d.param_max_abs)}}}};
     if (with_update) j["update"] = d.update;
     return j;
   };
@@ -672,7 +657,7 @@ std::string audit_json(const AuditReport& r) {
             {"spec", json::parse(r.spec_json.empty() ? "{}" : r.spec_json, nullptr, false)},
             {"before", side_json(r.before_side, r.before, r.before_facts)},
             {"after", side_json(r.after_side, r.after, r.after_facts)},
-            {"tolerance", number(r.tolerance)},
+            {"tolerance", json_number(r.tolerance)},
             {"compared", r.compared},
             {"updates", updates},
             {"tensors", tensors},
@@ -702,7 +687,7 @@ std::string audit_table(const AuditReport& r) {
     const CheckResult *cb = find_check(r.before, id), *ca = find_check(r.after, id);
     const CheckResult* any = cb ? cb : ca;
     o << " " << pad(id, 24) << " " << pad(figure_or(cb), 10, true) << pad(figure_or(ca), 10, true)
-      << pad(any && any->tolerance != 0 ? fmt(any->tolerance) : "exact", 11, true) << "  "
+      << pad(any && any->tolerance != 0 ? figure_text(any->tolerance) : "exact", 11, true) << "  "
       << verdict_or(r.before, cb) << " / " << verdict_or(r.after, ca) << "\n";
   }
   for (const auto* s : {&r.before, &r.after})
@@ -720,9 +705,9 @@ std::string audit_table(const AuditReport& r) {
     }
     o << "#tensor (after vs before, worst update)  grad rel L2  grad max abs  param rel L2  param max abs\n";
     for (const auto& d : worst_per_tensor(r))
-      o << " " << pad(d.name, 38) << " " << pad(fmt(d.grad_rel), 11, true) << " " << pad(fmt(d.grad_max_abs), 13, true)
-        << " " << pad(fmt(d.param_rel), 13, true) << " " << pad(fmt(d.param_max_abs), 14, true) << "\n";
-    o << "# tolerance (spec, " << b.dtype << "): " << fmt(r.tolerance) << "\n";
+      o << " " << pad(d.name, 38) << " " << pad(figure_text(d.grad_rel), 11, true) << " " << pad(figure_text(d.grad_max_abs), 13, true)
+        << " " << pad(figure_text(d.param_rel), 13, true) << " " << pad(figure_text(d.param_max_abs), 14, true) << "\n";
+    o << "# tolerance (spec, " << b.dtype << "): " << figure_text(r.tolerance) << "\n";
     o << "# step time (median over updates): before " << seconds(r.before_facts.step_seconds_median)
       << " s, after " << seconds(r.after_facts.step_seconds_median) << " s";
     if (r.before_facts.step_seconds_median > 0 && r.after_facts.step_seconds_median > 0) {
@@ -732,7 +717,7 @@ std::string audit_table(const AuditReport& r) {
       o << ratio;
     }
     if (r.before_facts.target_tokens_per_s || r.after_facts.target_tokens_per_s) {
-      auto rate = [](const std::optional<double>& x) { return x ? fmt(std::round(*x)) : std::string("-"); };
+      auto rate = [](const std::optional<double>& x) { return x ? figure_text(std::round(*x)) : std::string("-"); };
       o << "; target tokens/s " << rate(r.before_facts.target_tokens_per_s) << " / "
         << rate(r.after_facts.target_tokens_per_s);
     }
@@ -768,7 +753,7 @@ std::string audit_markdown(const AuditReport& r) {
   }
   o << "World " << b.topology.world() << " (dp " << b.topology.dp << ", tp " << b.topology.tp << ", pp "
     << b.topology.pp << "), " << b.dtype << ", " << b.optimizer << ", " << b.updates << " updates, B_update "
-    << b.update_batch << "; parity tolerance " << fmt(r.tolerance) << ". torch " << r.environment.torch << ", git "
+    << b.update_batch << "; parity tolerance " << figure_text(r.tolerance) << ". torch " << r.environment.torch << ", git "
     << r.environment.git << ", " << r.environment.started << ".\n\n";
   o << "- before: " << side_facts_line(r.before_side, r.before_facts) << "\n";
   o << "- after: " << side_facts_line(r.after_side, r.after_facts) << "\n\n";
@@ -778,7 +763,7 @@ std::string audit_markdown(const AuditReport& r) {
     const CheckResult *cb = find_check(r.before, id), *ca = find_check(r.after, id);
     const CheckResult* any = cb ? cb : ca;
     o << "| `" << id << "` | " << figure_or(cb) << " | " << figure_or(ca) << " | "
-      << (any && any->tolerance != 0 ? fmt(any->tolerance) : "exact") << " | " << verdict_or(r.before, cb) << " / "
+      << (any && any->tolerance != 0 ? figure_text(any->tolerance) : "exact") << " | " << verdict_or(r.before, cb) << " / "
       << verdict_or(r.after, ca) << " |\n";
   }
   for (const auto* s : {&r.before, &r.after})
@@ -800,8 +785,8 @@ std::string audit_markdown(const AuditReport& r) {
     o << "\n## Per tensor: after vs before (worst over updates)\n\n| tensor | grad rel L2 | grad max abs | "
          "param rel L2 | param max abs |\n|---|---|---|---|---|\n";
     for (const auto& d : worst_per_tensor(r))
-      o << "| `" << d.name << "` | " << fmt(d.grad_rel) << " | " << fmt(d.grad_max_abs) << " | " << fmt(d.param_rel)
-        << " | " << fmt(d.param_max_abs) << " |\n";
+      o << "| `" << d.name << "` | " << figure_text(d.grad_rel) << " | " << figure_text(d.grad_max_abs) << " | " << figure_text(d.param_rel)
+        << " | " << figure_text(d.param_max_abs) << " |\n";
   }
   if (!r.notes.empty()) {
     o << "\n## What commonly changes in this migration\n\n| | change | before | after | this run |\n"
@@ -833,7 +818,7 @@ std::string audit_junit(const AuditReport& r) {
     if (!s->error.empty()) add(cls, "run", "error", s->error);
     for (const auto& c : s->checks)
       add(cls, c.id, c.verdict == Verdict::Fail ? "failure" : "",
-          c.detail + " (figure " + fmt(c.figure) + ", tolerance " + fmt(c.tolerance) + ")");
+          c.detail + " (figure " + figure_text(c.figure) + ", tolerance " + figure_text(c.tolerance) + ")");
   }
   if (r.compared) {
     std::map<std::string, std::string> found;  // "grads", "params", "window_count", "update_size", "loss"

@@ -37,22 +37,6 @@ bool Report::passed() const {
 
 namespace {
 
-json number(double x) {
-  if (std::isnan(x)) return "nan";
-  if (std::isinf(x)) return x > 0 ? "inf" : "-inf";
-  return x;
-}
-
-std::string fmt(double x) {
-  if (std::isinf(x)) return "inf";
-  if (std::isnan(x)) return "nan";
-  char b[32];
-  if (x == std::floor(x) && std::fabs(x) < 1e9)
-    std::snprintf(b, sizeof b, "%.0f", x);
-  else
-    std::snprintf(b, sizeof b, "%.2e", x);
-  return b;
-}
 
 // The memory and throughput of the correct runs that measured them (mutants are left out).
 std::vector<MemoryRunReport> memory_runs(const Report& r) {
@@ -68,7 +52,7 @@ std::vector<Throughput> throughput_runs(const Report& r) {
   return out;
 }
 
-std::string tolerance_text(const CheckResult& c) { return c.tolerance == 0 ? "exact" : fmt(c.tolerance); }
+std::string tolerance_text(const CheckResult& c) { return c.tolerance == 0 ? "exact" : figure_text(c.tolerance); }
 
 // A mutant run's rows read "caught" when the check failed: that is the expected outcome.
 std::string verdict_cell(const RunReport& r, const CheckResult& c) {
@@ -77,6 +61,23 @@ std::string verdict_cell(const RunReport& r, const CheckResult& c) {
 }
 
 }  // namespace
+
+nlohmann::json json_number(double x) {
+  if (std::isnan(x)) return "nan";
+  if (std::isinf(x)) return x > 0 ? "inf" : "-inf";
+  return x;
+}
+
+std::string figure_text(double x) {
+  if (std::isinf(x)) return "inf";
+  if (std::isnan(x)) return "nan";
+  char b[32];
+  if (x == std::floor(x) && std::fabs(x) < 1e9)
+    std::snprintf(b, sizeof b, "%.0f", x);
+  else
+    std::snprintf(b, sizeof b, "%.2e", x);
+  return b;
+}
 
 std::string xml_escape(const std::string& s) {
   std::string o;
@@ -107,8 +108,8 @@ std::string report_json(const Report& r) {
   for (const auto& run : r.runs) {
     json checks = json::array();
     for (const auto& c : run.checks)
-      checks.push_back({{"id", c.id}, {"verdict", verdict_name(c.verdict)}, {"figure", number(c.figure)},
-                        {"tolerance", number(c.tolerance)}, {"detail", c.detail}});
+      checks.push_back({{"id", c.id}, {"verdict", verdict_name(c.verdict)}, {"figure", json_number(c.figure)},
+                        {"tolerance", json_number(c.tolerance)}, {"detail", c.detail}});
     json j = {{"backend", run.backend},
               {"topology", {{"dp", run.topology.dp}, {"tp", run.topology.tp}, {"pp", run.topology.pp}}},
               {"dtype", run.dtype},
@@ -160,7 +161,7 @@ std::string report_junit(const Report& r) {
       const bool bad = run.inject.empty() ? c.verdict == Verdict::Fail : false;
       if (bad) {
         ++failures;
-        cases << "    <failure message=\"figure " << fmt(c.figure) << " vs tolerance " << tolerance_text(c) << "\">"
+        cases << "    <failure message=\"figure " << figure_text(c.figure) << " vs tolerance " << tolerance_text(c) << "\">"
               << xml_escape(c.detail) << "</failure>\n";
       } else if (c.verdict == Verdict::Skip) {
         ++skipped;
@@ -201,7 +202,7 @@ std::string report_markdown(const Report& r) {
       continue;
     }
     for (const auto& c : run.checks)
-      o << "| " << run_label(run) << " | " << c.id << " | " << fmt(c.figure) << " | " << tolerance_text(c) << " | "
+      o << "| " << run_label(run) << " | " << c.id << " | " << figure_text(c.figure) << " | " << tolerance_text(c) << " | "
         << verdict_cell(run, c) << " | " << c.detail << " |\n";
   }
   bool any_mutant = false;
@@ -243,7 +244,7 @@ std::string report_table(const Report& r) {
     }
     for (const auto& c : run.checks) {
       std::snprintf(line, sizeof line, row, run.backend.c_str(), run.topology.dp, run.topology.tp, run.topology.pp,
-                    run.dtype.c_str(), run.optimizer.c_str(), c.id.c_str(), fmt(c.figure).c_str(),
+                    run.dtype.c_str(), run.optimizer.c_str(), c.id.c_str(), figure_text(c.figure).c_str(),
                     tolerance_text(c).c_str(), verdict_name(c.verdict).c_str());
       o << line;
       if (c.verdict == Verdict::Fail) {

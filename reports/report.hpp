@@ -1,6 +1,7 @@
 // The conformance report: JSON (schema gradcert.report/1), JUnit XML, Markdown and the
 // console table.
 #pragma once
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -60,6 +61,10 @@ struct Report {
 
 /// "ddp dp2 tp2 float64 sgd [inject=NAME]": how tables and suites name a run.
 std::string run_label(const RunReport& r);
+/// A figure as the tables print it: integers plainly, others as %.2e; inf and nan by name.
+std::string figure_text(double x);
+/// A double for JSON: non-finite values become the strings "nan", "inf", "-inf".
+nlohmann::json json_number(double x);
 /// Text escaped for XML attributes and content (control characters become spaces).
 std::string xml_escape(const std::string& s);
 

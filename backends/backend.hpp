@@ -34,7 +34,7 @@ struct RankContext {
   c10::intrusive_ptr<c10d::Backend> dp_pg;
   /// The TP peers of this replica and stage; null when TP == 1.
   c10::intrusive_ptr<c10d::Backend> tp_pg;
-  /// The planted bug to run with ("" for none): see backends/mutants.md.
+  /// The planted bug to run with ("" for none): the catalog is in README.md and registry.cpp.
   std::string inject;
   /// The worker's phase recorder while it measures memory (null otherwise), and the prefix
   /// of the phase names it records ("first " on a backend's first update).

@@ -148,16 +148,14 @@ class TpBackend : public Backend {
   }
 
   void setup(RankContext& ctx) override {
-    const ModelSpec& m = ctx.spec->model;
     tp_ = ctx.plan->tp;
     me_ = coords_of(*ctx.plan, ctx.rank);
     tp_group = ctx.tp_pg ? ctx.tp_pg.get() : nullptr;
     if (tp_ > 1 && !tp_group) throw std::logic_error("backend tp: no TP process group");
-    (void)m;
     const TensorMap init = initial_params(*ctx.spec);
     layout_ = FlatLayout::of(init);
     const auto dtype = scalar_type(ctx.spec->dtype);
-    model_ = TpModel(m, tp_);
+    model_ = TpModel(ctx.spec->model, tp_);
     model_->to(dtype);
     torch::NoGradGuard ng;
     for (auto& p : model_->named_parameters()) {

@@ -1,6 +1,6 @@
 // ddp: a full replica per rank; each backpropagates D*S_{r,a}/N per microstep, and the
 // summed gradients are averaged over ranks once per window (no sync on earlier microsteps).
-#include "backends/strategy_common.hpp"
+#include "backends/runtime/replica.hpp"
 
 namespace gradcert {
 

@@ -5,8 +5,8 @@
 // forward from its saved input (the gathered weights are not kept between passes).
 #include <algorithm>
 
-#include "backends/parallel.hpp"
-#include "backends/strategy_common.hpp"
+#include "backends/runtime/flat.hpp"
+#include "backends/runtime/replica.hpp"
 
 namespace gradcert {
 

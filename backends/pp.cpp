@@ -6,8 +6,8 @@
 // it is PP x DP: each stage's gradients are averaged over its DP group. Stages of a replica
 // consume the same examples; shapes are known to both ends from the plan, so an empty
 // microbatch is skipped by both.
-#include "backends/parallel.hpp"
-#include "backends/strategy_common.hpp"
+#include "backends/runtime/flat.hpp"
+#include "backends/runtime/replica.hpp"
 
 namespace gradcert {
 

@@ -1,5 +1,5 @@
 // single: one process applies the D*S/N rule per microstep with D = 1.
-#include "backends/strategy_common.hpp"
+#include "backends/runtime/replica.hpp"
 
 namespace gradcert {
 

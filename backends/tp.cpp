@@ -4,8 +4,8 @@
 // by an all-reduce over the TP group. Embeddings, norms, biases after a row-parallel
 // linear and the LM head are replicated. With world > TP, it is TP x DP: gradients are
 // averaged over the DP group. TP ranks of a replica consume the same examples.
-#include "backends/parallel.hpp"
-#include "backends/strategy_common.hpp"
+#include "backends/runtime/flat.hpp"
+#include "backends/runtime/replica.hpp"
 
 #include <torch/csrc/distributed/c10d/Types.hpp>
 

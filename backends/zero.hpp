@@ -2,8 +2,8 @@
 #pragma once
 #include <memory>
 
-#include "backends/parallel.hpp"
-#include "backends/strategy_common.hpp"
+#include "backends/runtime/flat.hpp"
+#include "backends/runtime/replica.hpp"
 
 namespace gradcert {
 

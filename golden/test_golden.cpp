@@ -9,10 +9,10 @@
 #include <ctime>
 #include <filesystem>
 
-#include "conformance/accounting.hpp"
-#include "conformance/model.hpp"
-#include "conformance/plan.hpp"
-#include "conformance/reference.hpp"
+#include "conformance/core/accounting.hpp"
+#include "conformance/model/model.hpp"
+#include "conformance/core/plan.hpp"
+#include "conformance/model/reference.hpp"
 #include "golden/approval.hpp"
 
 using namespace gradcert;

@@ -6,7 +6,7 @@
 #include <ostream>
 #include <vector>
 
-#include "conformance/spec.hpp"
+#include "conformance/core/spec.hpp"
 
 namespace gradcert::props {
 

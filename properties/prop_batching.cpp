@@ -5,8 +5,8 @@
 #include <map>
 #include <numeric>
 
-#include "conformance/dataset.hpp"
-#include "conformance/plan.hpp"
+#include "conformance/core/dataset.hpp"
+#include "conformance/core/plan.hpp"
 #include "properties/support.hpp"
 
 using namespace gradcert;

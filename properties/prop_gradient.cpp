@@ -7,9 +7,9 @@
 #include <chrono>
 #include <cstdlib>
 
-#include "backends/strategy_common.hpp"
-#include "conformance/checks.hpp"
-#include "conformance/reference.hpp"
+#include "backends/runtime/replica.hpp"
+#include "conformance/checks/checks.hpp"
+#include "conformance/model/reference.hpp"
 #include "properties/support.hpp"
 
 using namespace gradcert;

@@ -5,8 +5,8 @@
 
 #include <cmath>
 
-#include "backends/backend.hpp"
-#include "conformance/accounting.hpp"
+#include "backends/runtime/replica.hpp"
+#include "conformance/core/accounting.hpp"
 #include "properties/support.hpp"
 
 using namespace gradcert;

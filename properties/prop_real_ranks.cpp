@@ -7,10 +7,10 @@
 
 #include <future>
 
-#include "backends/backend.hpp"
-#include "backends/launcher.hpp"
-#include "conformance/checks.hpp"
-#include "conformance/reference.hpp"
+#include "backends/catalog.hpp"
+#include "conformance/launch/launcher.hpp"
+#include "conformance/checks/checks.hpp"
+#include "conformance/model/reference.hpp"
 #include "properties/support.hpp"
 
 using namespace gradcert;

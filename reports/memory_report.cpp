@@ -1,5 +1,8 @@
 #include "reports/memory_report.hpp"
 
+#include "conformance/core/format.hpp"
+#include "conformance/memory/memory.hpp"
+
 #include <nlohmann/json.hpp>
 
 #include <algorithm>

@@ -6,21 +6,9 @@
 #include <string>
 #include <vector>
 
-#include "conformance/memory.hpp"
-#include "conformance/throughput.hpp"
+#include "conformance/core/result.hpp"
 
 namespace gradcert {
-
-/// One backend run's memory: the lower bound, the exact model state, and the phase peaks.
-struct MemoryRunReport {
-  std::string backend;
-  int world = 1;
-  bool has_estimate = false;
-  MemoryEstimate estimate;
-  int64_t measured_model_state_bytes = -1;  ///< -1: not measured
-  double budget_bytes = 0;                  ///< 0: no budget
-  std::vector<PhasePeak> peaks;             ///< every rank, bucket and phase
-};
 
 /// {"runs": [{backend, world, estimate{...}, measured_model_state_bytes, budget_bytes,
 /// peaks[...], worst{rank, bucket, phase, peak_bytes}}], "excluded": [...]}.

@@ -5,38 +5,16 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "conformance/tensors.hpp"
+#include "conformance/core/files.hpp"
+#include "conformance/core/format.hpp"
+#include "conformance/core/memory_types.hpp"
 #include "reports/memory_report.hpp"
 
 namespace gradcert {
 
 using nlohmann::json;
 
-bool RunReport::passed() const {
-  if (!error.empty()) return false;
-  for (const auto& c : checks)
-    if (c.verdict == Verdict::Fail) return false;
-  return true;
-}
-
-std::vector<std::string> RunReport::detected_by() const {
-  std::vector<std::string> out;
-  for (const auto& c : checks)
-    if (c.verdict == Verdict::Fail) out.push_back(c.id);
-  return out;
-}
-
-bool Report::passed() const {
-  if (runs.empty()) return false;
-  for (const auto& r : runs) {
-    if (r.inject.empty() && !r.passed()) return false;
-    if (!r.inject.empty() && (!r.error.empty() || r.detected_by().empty())) return false;
-  }
-  return true;
-}
-
 namespace {
-
 
 // The memory and throughput of the correct runs that measured them (mutants are left out).
 std::vector<MemoryRunReport> memory_runs(const Report& r) {
@@ -61,47 +39,6 @@ std::string verdict_cell(const RunReport& r, const CheckResult& c) {
 }
 
 }  // namespace
-
-nlohmann::json json_number(double x) {
-  if (std::isnan(x)) return "nan";
-  if (std::isinf(x)) return x > 0 ? "inf" : "-inf";
-  return x;
-}
-
-std::string figure_text(double x) {
-  if (std::isinf(x)) return "inf";
-  if (std::isnan(x)) return "nan";
-  char b[32];
-  if (x == std::floor(x) && std::fabs(x) < 1e9)
-    std::snprintf(b, sizeof b, "%.0f", x);
-  else
-    std::snprintf(b, sizeof b, "%.2e", x);
-  return b;
-}
-
-std::string xml_escape(const std::string& s) {
-  std::string o;
-  for (char ch : s) switch (ch) {
-      case '&': o += "&amp;"; break;
-      case '<': o += "&lt;"; break;
-      case '>': o += "&gt;"; break;
-      case '"': o += "&quot;"; break;
-      case '\'': o += "&apos;"; break;
-      default:
-        if (static_cast<unsigned char>(ch) < 0x20 && ch != '\n' && ch != '\t') o += ' ';
-        else o += ch;
-    }
-  return o;
-}
-
-std::string run_label(const RunReport& r) {
-  std::string s = r.backend + " dp" + std::to_string(r.topology.dp);
-  if (r.topology.tp > 1) s += " tp" + std::to_string(r.topology.tp);
-  if (r.topology.pp > 1) s += " pp" + std::to_string(r.topology.pp);
-  s += " " + r.dtype + " " + r.optimizer;
-  if (!r.inject.empty()) s += " inject=" + r.inject;
-  return s;
-}
 
 std::string report_json(const Report& r) {
   json runs = json::array();

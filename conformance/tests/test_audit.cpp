@@ -10,7 +10,7 @@
 #include <sstream>
 
 #include "conformance/tests/support.hpp"
-#include "conformance/audit.hpp"
+#include "conformance/audit/audit.hpp"
 
 using namespace gradcert;
 namespace fs = std::filesystem;

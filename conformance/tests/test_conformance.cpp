@@ -9,9 +9,9 @@
 #include <fstream>
 
 #include "conformance/tests/support.hpp"
-#include "backends/registry.hpp"
-#include "conformance/harness.hpp"
-#include "conformance/plan.hpp"
+#include "backends/catalog.hpp"
+#include "conformance/run/harness.hpp"
+#include "conformance/core/plan.hpp"
 
 using namespace gradcert;
 namespace fs = std::filesystem;

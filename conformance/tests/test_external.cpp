@@ -11,8 +11,8 @@
 #include <string>
 
 #include "conformance/tests/support.hpp"
-#include "conformance/harness.hpp"
-#include "conformance/plan.hpp"
+#include "conformance/run/harness.hpp"
+#include "conformance/core/plan.hpp"
 
 using namespace gradcert;
 namespace fs = std::filesystem;

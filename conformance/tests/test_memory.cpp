@@ -7,16 +7,20 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
 
-#include "conformance/alloc_tracker.hpp"
-#include "conformance/estimate_cli.hpp"
-#include "conformance/memory.hpp"
-#include "conformance/memory_profile.hpp"
-#include "conformance/model.hpp"
-#include "conformance/reference.hpp"
-#include "conformance/throughput.hpp"
+#include "backends/runtime/alloc_tracker.hpp"
+#include "conformance/checks/checks.hpp"
+#include "conformance/cli/estimate.hpp"
+#include "conformance/memory/memory.hpp"
+#include "backends/catalog.hpp"
+#include "conformance/run/probes.hpp"
+#include "conformance/model/model.hpp"
+#include "conformance/model/reference.hpp"
+#include "conformance/core/throughput.hpp"
 #include "reports/memory_report.hpp"
 
 using namespace gradcert;
@@ -56,12 +60,48 @@ Spec spec_with(DType dtype, const std::string& optimizer, double momentum = 0) {
   s.dtype = dtype;
   s.optimizer.name = optimizer;
   s.optimizer.momentum = momentum;
+  s.topology.dp = 1;
   return s;
 }
 
-const PhasePeak& phase(const PhaseProfile& p, const std::string& name) {
-  for (const auto& x : p.phases)
-    if (x.phase == name) return x;
+// The real rank probes (conformance/run/probes.hpp, NOTE [memory probes]) run in-process
+// at world 1 on the `single` backend: the model state after one planned update, then every
+// length bucket's phases.
+struct Probed {
+  RankMemory memory;
+  int64_t params = 0;
+  std::vector<PhasePeak> bucket(const std::string& name) const {
+    std::vector<PhasePeak> out;
+    for (const auto& p : memory.peaks)
+      if (p.bucket == name) out.push_back(p);
+    return out;
+  }
+};
+
+Probed probe(const Spec& spec) {
+  EXPECT_TRUE(install_tracking_allocator());
+  const Plan plan = make_plan(spec);
+  RankContext ctx;
+  ctx.spec = &spec;
+  ctx.plan = &plan;
+  Probed out;
+  {
+    auto backend = make_backend("single");
+    backend->setup(ctx);
+    (void)backend->run_update(ctx, 0);
+    measure_model_state(*backend, out.memory);
+  }
+  const auto dir = std::filesystem::temp_directory_path() / ("gradcert_probe_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  measure_buckets(ctx, "single", dir.string(), out.memory);
+  std::filesystem::remove_all(dir);
+  out.params = tiny_lm_counts(spec.model).total;
+  return out;
+}
+
+const PhasePeak& phase_of(const std::vector<PhasePeak>& peaks, const std::string& name) {
+  for (const auto& p : peaks)
+    if (p.phase == name) return p;
   throw std::runtime_error("no phase " + name);
 }
 
@@ -402,7 +442,7 @@ TEST(AllocTracker, TrainingRunsUnchangedUnderIt) {
   const int64_t base = current_bytes();
   const auto ref = run_reference(spec, make_plan(spec));
   EXPECT_FALSE(ref.empty());
-  for (auto d : {DType::Float32, DType::BFloat16}) (void)measure_phases(spec_with(d, "adamw"), LengthBucket::Long, 1);
+  for (auto d : {DType::Float32, DType::BFloat16}) (void)probe(spec_with(d, "adamw"));
   EXPECT_EQ(current_bytes(), base);
 }
 
@@ -439,40 +479,46 @@ TEST(AllocTracker, DeviceStatisticsAnswerWithoutCuda) {
 // ---- measured peaks per phase ------------------------------------------------------------------
 
 TEST(MemoryPhases, RecordsEveryPhaseWithASavePause) {
-  const auto p = measure_phases(spec_with(DType::Float64, "adamw"), LengthBucket::Typical);
-  std::vector<std::string> names;
-  for (const auto& x : p.phases) names.push_back(x.phase);
-  EXPECT_EQ(names, (std::vector<std::string>{"load", "first forward", "first backward", "first optimizer step",
-                                             "save", "forward", "backward", "optimizer step"}));
-  for (const auto& x : p.phases) {
-    EXPECT_EQ(x.bucket, "typical");
+  const auto p = probe(spec_with(DType::Float64, "adamw"));
+  for (const char* bucket : {"short", "typical", "long"}) {
+    std::vector<std::string> names;
+    for (const auto& x : p.bucket(bucket)) names.push_back(x.phase);
+    EXPECT_EQ(names, (std::vector<std::string>{"load", "first forward", "first backward", "first optimizer step",
+                                               "save", "forward", "backward", "optimizer step"}))
+        << bucket;
+  }
+  for (const auto& x : p.memory.peaks) {
     EXPECT_EQ(x.device, "cpu");
     EXPECT_GE(x.peak_bytes, x.current_bytes) << x.phase;
     EXPECT_GT(x.process_high_water_bytes, 0);
   }
-  EXPECT_GT(p.save_seconds, 0);
+  EXPECT_GT(phase_of(p.bucket("typical"), "save").seconds, 0);
   // The checkpoint holds params and both moments (float64): at least 3 x 8 B per param.
-  EXPECT_GE(p.checkpoint_bytes, 3 * 8 * p.params);
-  EXPECT_EQ(p.ids.size(), 2u);
+  EXPECT_GE(p.memory.checkpoint_bytes, 3 * 8 * p.params);
 }
 
 TEST(MemoryPhases, FirstAdamStepRaisesThePeakAbovePostLoad) {
-  const auto p = measure_phases(spec_with(DType::Float64, "adamw"), LengthBucket::Typical);
-  const auto& load = phase(p, "load");
-  const auto& back = phase(p, "first backward");
-  const auto& step = phase(p, "first optimizer step");
+  const auto p = probe(spec_with(DType::Float64, "adamw"));
+  const auto typical = p.bucket("typical");
+  const auto& load = phase_of(typical, "load");
+  const auto& back = phase_of(typical, "first backward");
+  const auto& step = phase_of(typical, "first optimizer step");
   // Post-load memory is the params (8 B each); the first step allocates both moments.
   EXPECT_GE(load.current_bytes, 8 * p.params);
   EXPECT_GT(step.peak_bytes, load.current_bytes);
-  EXPECT_GE(step.current_bytes - back.current_bytes, 2 * 8 * p.params);
+  // After the first step the rank holds params + grads + both moments (8 B each); before it,
+  // the moments did not exist (the backward phase may end with a few temporaries alive).
+  EXPECT_GE(step.current_bytes, load.current_bytes + 8 * p.params + 2 * 8 * p.params);
+  EXPECT_LT(back.current_bytes, load.current_bytes + 8 * p.params + 2 * 8 * p.params);
   EXPECT_GE(step.peak_bytes, load.current_bytes + 2 * 8 * p.params + 8 * p.params);  // + grads
   // Later steps allocate no new state.
-  EXPECT_LT(phase(p, "optimizer step").current_bytes - phase(p, "backward").current_bytes, 8 * p.params);
+  EXPECT_LT(phase_of(typical, "optimizer step").current_bytes - phase_of(typical, "backward").current_bytes,
+            8 * p.params);
   std::cout << "[ figures ] adamw float64 typical: post-load " << load.current_bytes << " B, first-step peak "
             << step.peak_bytes << " B, state after first step " << step.current_bytes << " B\n";
   // Plain SGD allocates no state at its first step.
-  const auto sgd = measure_phases(spec_with(DType::Float64, "sgd"), LengthBucket::Typical);
-  EXPECT_LE(phase(sgd, "first optimizer step").current_bytes, phase(sgd, "first backward").current_bytes);
+  const auto sgd = probe(spec_with(DType::Float64, "sgd")).bucket("typical");
+  EXPECT_LE(phase_of(sgd, "first optimizer step").current_bytes, phase_of(sgd, "first backward").current_bytes);
 }
 
 TEST(MemoryPhases, MeasuredModelStateMatchesTheEstimate) {
@@ -482,27 +528,21 @@ TEST(MemoryPhases, MeasuredModelStateMatchesTheEstimate) {
   };
   for (const auto& [dtype, opt] : runs) {
     const Spec spec = spec_with(dtype, opt.first, opt.second);
-    const auto p = measure_phases(spec, LengthBucket::Short, 1);
-    EXPECT_EQ(p.params, tiny_lm_counts(spec.model).total);
+    const auto p = probe(spec);
     EstimateInput in;
     in.params = p.params;
     in.recipe = recipe_for_run(spec.dtype, spec.optimizer);
     const auto e = estimate_memory(in);
-    const auto c = check_memory_lower_bound(p.model_state_bytes, e.model_state());
+    const auto c = check_memory_lower_bound(p.memory.model_state_bytes, e.model_state());
     EXPECT_EQ(c.verdict, Verdict::Pass) << in.recipe.name << ": " << c.detail;
-    EXPECT_EQ(p.model_state_bytes, e.model_state()) << in.recipe.name;
+    EXPECT_EQ(p.memory.model_state_bytes, e.model_state()) << in.recipe.name;
     std::cout << "[ figures ] " << in.recipe.name << ": estimate " << e.model_state() << " B, measured "
-              << p.model_state_bytes << " B, figure " << c.figure << "\n";
+              << p.memory.model_state_bytes << " B, figure " << c.figure << "\n";
   }
 }
 
 TEST(MemoryPhases, TightBudgetFailsNamingPhaseAndBucket) {
-  const Spec spec = spec_with(DType::Float64, "adamw");
-  std::vector<PhasePeak> peaks;
-  for (auto b : {LengthBucket::Short, LengthBucket::Typical, LengthBucket::Long}) {
-    const auto p = measure_phases(spec, b);
-    peaks.insert(peaks.end(), p.phases.begin(), p.phases.end());
-  }
+  const auto peaks = probe(spec_with(DType::Float64, "adamw")).memory.peaks;
   const PhasePeak* worst = &peaks.front();
   for (const auto& p : peaks)
     if (p.peak_bytes > worst->peak_bytes) worst = &p;

@@ -9,8 +9,8 @@
 #include <fstream>
 
 #include "conformance/tests/support.hpp"
-#include "conformance/artifacts.hpp"
-#include "conformance/harness.hpp"
+#include "conformance/protocol/artifacts.hpp"
+#include "conformance/run/harness.hpp"
 
 using namespace gradcert;
 namespace fs = std::filesystem;

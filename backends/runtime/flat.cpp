@@ -1,0 +1,119 @@
+#include "backends/runtime/flat.hpp"
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/Types.hpp>
+
+namespace gradcert {
+
+c10::intrusive_ptr<c10d::Backend> dp_group(const RankContext& ctx) {
+  if (ctx.dp_pg) return ctx.dp_pg;
+  if (ctx.plan->dp > 1 && ctx.plan->dp == ctx.world) return ctx.pg;
+  return {};
+}
+
+namespace {
+
+c10::intrusive_ptr<c10d::Backend> gloo_group(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                                             double timeout_s) {
+  auto opts = c10d::ProcessGroupGloo::Options::create(std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
+  opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+  return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, opts);
+}
+
+}  // namespace
+
+void make_process_groups(RankContext& ctx, const c10::intrusive_ptr<c10d::Store>& store) {
+  const Plan& p = *ctx.plan;
+  const double t = ctx.spec->timeout.collective_s;
+  ctx.pg = gloo_group(store, ctx.rank, ctx.world, t);
+  const Coords me = coords_of(p, ctx.rank);
+  if (p.dp > 1 && p.dp < ctx.world) {
+    const std::string prefix = "dp/" + std::to_string(me.tp) + "/" + std::to_string(me.pp);
+    ctx.dp_pg = gloo_group(c10::make_intrusive<c10d::PrefixStore>(prefix, store), me.dp, p.dp, t);
+  }
+  if (p.tp > 1) {
+    const std::string prefix = "tp/" + std::to_string(me.dp) + "/" + std::to_string(me.pp);
+    ctx.tp_pg = gloo_group(c10::make_intrusive<c10d::PrefixStore>(prefix, store), me.tp, p.tp, t);
+  }
+}
+
+// NOTE [flat layout] The flat layout follows TensorMap order (by name). That keeps every
+// FSDP unit contiguous: blocks.<i>.* together, then lm_head + ln_f, then wpe + wte.
+FlatLayout FlatLayout::of(const TensorMap& params) {
+  FlatLayout l;
+  for (const auto& [name, t] : params) {
+    l.entries.push_back({name, t.shape, l.total, t.numel()});
+    l.total += t.numel();
+  }
+  return l;
+}
+
+const FlatLayout::Entry& FlatLayout::at(const std::string& name) const {
+  for (const auto& e : entries)
+    if (e.name == name) return e;
+  throw std::invalid_argument("no parameter '" + name + "' in the flat layout");
+}
+
+TensorMap assemble_full(RankContext& ctx, const FlatLayout& layout, DType dtype,
+                        const std::function<void(torch::Tensor flat)>& fill) {
+  UntimedScope untimed(ctx);
+  torch::NoGradGuard ng;
+  auto flat = torch::zeros({layout.total}, torch::kFloat64);
+  fill(flat);
+  if (ctx.pg) {
+    std::vector<at::Tensor> t{flat};
+    ctx.pg->allreduce(t, c10d::AllreduceOptions{})->wait();
+  }
+  TensorMap out;
+  for (const auto& e : layout.entries) {
+    HostTensor h;
+    h.name = e.name;
+    h.shape = e.shape;
+    h.dtype = dtype;
+    const double* src = flat.data_ptr<double>() + e.offset;
+    h.values.assign(src, src + e.numel);
+    out[e.name] = std::move(h);
+  }
+  return out;
+}
+
+FlatShard::FlatShard(int64_t b, int64_t n, int d, int r)
+    : begin(b), numel(n), shard((n + d - 1) / d), dp(d), dp_rank(r) {}
+
+int64_t FlatShard::lo() const { return std::min(numel, dp_rank * shard); }
+int64_t FlatShard::hi() const { return std::min(numel, (dp_rank + 1) * shard); }
+
+torch::Tensor FlatShard::all_gather(RankContext& ctx, const torch::Tensor& my_shard) const {
+  auto g = dp_group(ctx);
+  if (!g) return my_shard.slice(0, 0, numel).clone();
+  auto full = torch::empty({shard * dp}, my_shard.options());
+  auto input = my_shard.contiguous();
+  g->_allgather_base(full, input)->wait();
+  return full.slice(0, 0, numel);
+}
+
+torch::Tensor FlatShard::reduce_scatter(RankContext& ctx, const torch::Tensor& full, double divisor) const {
+  auto padded = torch::zeros({shard * dp}, full.options());
+  padded.slice(0, 0, numel).copy_(full);
+  padded.div_(divisor);
+  auto g = dp_group(ctx);
+  if (!g) return padded;
+  auto out = torch::empty({shard}, full.options());
+  g->_reduce_scatter_base(out, padded)->wait();
+  return out;
+}
+
+void scatter_into_params(const FlatLayout& layout, int64_t begin, const torch::Tensor& flat,
+                         std::vector<std::pair<std::string, torch::Tensor>> params) {
+  torch::NoGradGuard ng;
+  const int64_t end = begin + flat.numel();
+  for (auto& [name, t] : params) {
+    const auto& e = layout.at(name);
+    const int64_t lo = std::max(begin, e.offset), hi = std::min(end, e.offset + e.numel);
+    if (lo >= hi) continue;
+    t.view({-1}).slice(0, lo - e.offset, hi - e.offset).copy_(flat.slice(0, lo - begin, hi - begin));
+  }
+}
+
+}  // namespace gradcert

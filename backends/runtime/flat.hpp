@@ -1,0 +1,54 @@
+// Building blocks of sharded and model-parallel strategies: the canonical flat layout,
+// shards of it, and assembling full canonical tensors for the artifacts.
+#pragma once
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "backends/runtime/strategy.hpp"
+
+namespace gradcert {
+
+/// The model's parameters in canonical order, flattened back to back.
+struct FlatLayout {
+  struct Entry {
+    std::string name;
+    std::vector<int64_t> shape;
+    int64_t offset = 0, numel = 0;
+  };
+  std::vector<Entry> entries;
+  int64_t total = 0;
+
+  static FlatLayout of(const TensorMap& params);
+  const Entry& at(const std::string& name) const;
+};
+
+/// Every rank fills the parts of a zeroed flat canonical buffer it is the one owner of;
+/// a SUM all-reduce over all ranks completes it. Returns full canonical tensors (on every
+/// rank). Runs outside any timed region; every rank must call it.
+TensorMap assemble_full(RankContext& ctx, const FlatLayout& layout, DType dtype,
+                        const std::function<void(torch::Tensor flat)>& fill);
+
+/// A contiguous range [begin, begin + numel) of the flat layout split into D equal shards
+/// (the last padded), as ZeRO and FSDP split a flat parameter.
+struct FlatShard {
+  int64_t begin = 0, numel = 0;  ///< the range in the flat layout
+  int64_t shard = 0;             ///< ceil(numel / D)
+  int dp = 1, dp_rank = 0;
+
+  FlatShard(int64_t begin, int64_t numel, int dp, int dp_rank);
+  /// This rank's elements: [lo, hi) relative to `begin` (may be empty at the tail).
+  int64_t lo() const;
+  int64_t hi() const;
+  /// All-gathers every rank's shard (each `shard` long, padded) into the full range.
+  torch::Tensor all_gather(RankContext& ctx, const torch::Tensor& my_shard) const;
+  /// Reduce-scatters a full-range tensor with SUM after dividing by `divisor`; returns
+  /// this rank's shard (`shard` long, padded).
+  torch::Tensor reduce_scatter(RankContext& ctx, const torch::Tensor& full, double divisor) const;
+};
+
+/// Copies a flat range of values into the named parameters (or their gradients) it covers.
+void scatter_into_params(const FlatLayout& layout, int64_t begin, const torch::Tensor& flat,
+                         std::vector<std::pair<std::string, torch::Tensor>> params);
+
+}  // namespace gradcert

@@ -1,0 +1,101 @@
+// The narrow interface every built-in strategy implements, one file per strategy.
+#pragma once
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "conformance/protocol/artifacts.hpp"
+#include "conformance/core/plan.hpp"
+#include "conformance/core/topology.hpp"
+#include "conformance/model/model.hpp"
+
+namespace gradcert {
+
+class MemoryPhases;  // conformance/alloc_tracker.hpp
+
+/// Model state as a backend holds it, by name ("param.<p>", "grad.<p>", "master.<p>",
+/// "optim.<p>.m", ...; sharded strategies name shards), for memory.lower_bound and the
+/// checkpoint written in the "save" phase.
+using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
+
+/// What a rank knows while it runs.
+struct RankContext {
+  const Spec* spec = nullptr;
+  const Plan* plan = nullptr;
+  int rank = 0, world = 1;
+  /// All ranks (null when world == 1). Collectives on it time out after spec.timeout.collective_s.
+  c10::intrusive_ptr<c10d::Backend> pg;
+  /// The D data-parallel peers (same TP and PP coordinates); null when D == 1. When null
+  /// and D == world, pg serves (see dp_group()).
+  c10::intrusive_ptr<c10d::Backend> dp_pg;
+  /// The TP peers of this replica and stage; null when TP == 1.
+  c10::intrusive_ptr<c10d::Backend> tp_pg;
+  /// The planted bug to run with ("" for none): the catalog is in README.md and registry.cpp.
+  std::string inject;
+  /// The worker's phase recorder while it measures memory (null otherwise), and the prefix
+  /// of the phase names it records ("first " on a backend's first update).
+  MemoryPhases* memory = nullptr;
+  std::string phase_prefix;
+  /// Closes the phase that just ran ("forward", "backward", "optimizer step"; "artifacts"
+  /// for assembling the checks' full tensors, which the worker does not report). A phase
+  /// may close several times per update (per microstep): the worker keeps its maximum.
+  void mark(const std::string& phase) const;
+  /// Seconds this update spent building the checks' full tensors; the worker subtracts
+  /// them from the step time (artifacts are gathered outside the timed step).
+  double untimed_seconds = 0;
+};
+
+/// Adds the wall time of its scope to ctx.untimed_seconds.
+class UntimedScope {
+ public:
+  explicit UntimedScope(RankContext& ctx) : ctx_(ctx), t0_(std::chrono::steady_clock::now()) {}
+  ~UntimedScope() {
+    ctx_.untimed_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+  }
+
+ private:
+  RankContext& ctx_;
+  std::chrono::steady_clock::time_point t0_;
+};
+
+/// The data-parallel group of a rank (null when D == 1).
+c10::intrusive_ptr<c10d::Backend> dp_group(const RankContext& ctx);
+
+/// Creates ctx.pg, ctx.dp_pg and ctx.tp_pg over one c10d store (Gloo, with the spec's
+/// collective timeout). Every rank calls it; each joins only its own groups.
+void make_process_groups(RankContext& ctx, const c10::intrusive_ptr<c10d::Store>& store);
+
+/// What one rank produced for one update. Full canonical tensors are needed on rank 0 only.
+struct RankUpdate {
+  RankUpdateRecord record;
+  double loss = 0;            ///< the backend's global loss
+  int64_t valid_targets = 0;  ///< the N it used
+  TensorMap grads, params_after;
+};
+
+/// A training strategy. Defaults fail with a named message, so a backend overrides only
+/// what it supports.
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  /// The name used on the command line and in reports.
+  virtual std::string name() const = 0;
+  /// Throws std::invalid_argument when this strategy cannot run the topology or mutant.
+  virtual void validate(const Plan& plan, int world, const std::string& inject) const;
+  /// Throws std::invalid_argument naming the model.* field this strategy cannot split.
+  virtual void validate_model(const ModelSpec&, const Plan&) const {}
+  /// Builds the model (from initial_params) and optimizer state on this rank.
+  virtual void setup(RankContext& ctx) = 0;
+  /// Runs one optimizer update (all microsteps of window `update`) on this rank.
+  virtual RankUpdate run_update(RankContext& ctx, int update) = 0;
+  /// Every tensor of model state this rank holds between updates: parameters as held
+  /// (full, sharded, or a stage's), gradients, master weights or shards, optimizer slots.
+  /// Empty: the backend does not report it (memory.lower_bound skips).
+  virtual NamedTensors state_tensors() { return {}; }
+};
+
+}  // namespace gradcert

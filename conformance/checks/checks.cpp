@@ -1,0 +1,282 @@
+#include "conformance/checks/checks.hpp"
+
+#include "conformance/core/format.hpp"
+
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <map>
+#include <set>
+#include <sstream>
+
+namespace gradcert {
+
+namespace {
+
+std::string num(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3g", x);
+  return buf;
+}
+
+std::string ids_text(const std::vector<int64_t>& ids, size_t limit = 8) {
+  std::ostringstream o;
+  for (size_t i = 0; i < ids.size() && i < limit; ++i) o << (i ? "," : "") << ids[i];
+  if (ids.size() > limit) o << ",... (" << ids.size() << ")";
+  return o.str();
+}
+
+CheckResult exact(const std::string& id, double worst, const std::string& detail) {
+  return {id, worst == 0 ? Verdict::Pass : Verdict::Fail, worst, 0, detail};
+}
+
+CheckResult missing_updates(const std::string& id, const std::vector<ReferenceUpdate>& ref,
+                            const std::vector<BackendUpdate>& run) {
+  return {id, Verdict::Fail, std::numeric_limits<double>::infinity(), 0,
+          "the backend reported " + std::to_string(run.size()) + " updates, the plan has " +
+              std::to_string(ref.size())};
+}
+
+// One record per DP rank (TP/PP peers consume the same examples and count once).
+std::map<int, const RankRecord*> per_replica(const BackendUpdate& u) {
+  std::map<int, const RankRecord*> out;
+  for (const auto& r : u.ranks) out.emplace(r.dp_rank, &r);
+  return out;
+}
+
+CheckResult tensor_parity(const std::string& id, const std::vector<ReferenceUpdate>& ref,
+                          const std::vector<BackendUpdate>& run, double tolerance, bool grads) {
+  if (ref.size() != run.size()) return missing_updates(id, ref, run);
+  double worst = 0, worst_abs = 0;
+  bool first = true;
+  std::string where = "no tensors";
+  for (size_t u = 0; u < ref.size(); ++u) {
+    const TensorMap& expected = grads ? ref[u].grads : ref[u].params_after;
+    const TensorMap& observed = grads ? run[u].grads : run[u].params_after;
+    for (const auto& [name, e] : expected) {
+      auto it = observed.find(name);
+      if (it == observed.end())
+        return {id, Verdict::Fail, std::numeric_limits<double>::infinity(), tolerance,
+                "update " + std::to_string(u) + ": tensor '" + name + "' missing from the backend's artifacts"};
+      TensorError err;
+      try {
+        err = compare_tensors(it->second, e);
+      } catch (const ArtifactError& ex) {
+        return {id, Verdict::Fail, std::numeric_limits<double>::infinity(), tolerance,
+                "update " + std::to_string(u) + ": " + ex.what()};
+      }
+      if (first || std::isnan(err.relative) || err.relative > worst) {
+        worst = err.relative;
+        worst_abs = err.max_abs;
+        where = "update " + std::to_string(u) + " " + name;
+        first = false;
+        if (std::isnan(worst)) break;
+      }
+    }
+    if (std::isnan(worst)) break;
+    for (const auto& [name, o] : observed)
+      if (!expected.count(name))
+        return {id, Verdict::Fail, std::numeric_limits<double>::infinity(), tolerance,
+                "update " + std::to_string(u) + ": unexpected tensor '" + name + "'"};
+  }
+  const bool ok = worst <= tolerance;  // NaN fails
+  return {id, ok ? Verdict::Pass : Verdict::Fail, worst, tolerance,
+          "worst " + where + ": rel L2 " + num(worst) + ", max abs " + num(worst_abs)};
+}
+
+}  // namespace
+
+CheckResult check_update_size(const Plan& plan, const std::vector<BackendUpdate>& run) {
+  const std::string id = "batch.update_size";
+  double worst = 0;
+  std::string detail;
+  int64_t first_full = -1;
+  for (size_t u = 0; u < run.size() && u < plan.windows.size(); ++u) {
+    const Window& w = plan.windows[u];
+    const int64_t expected = w.partial ? static_cast<int64_t>(w.ids.size()) : plan.update_batch;
+    int64_t observed = 0;
+    for (const auto& [dp, rec] : per_replica(run[u]))
+      for (const auto& mb : rec->consumed) observed += static_cast<int64_t>(mb.size());
+    if (!w.partial && first_full < 0) first_full = observed;
+    const double dev = std::fabs(static_cast<double>(observed - expected));
+    if (dev > worst) {
+      worst = dev;
+      detail = "update " + std::to_string(u) + ": " + std::to_string(observed) + " examples, expected " +
+               std::to_string(expected) + (w.partial ? " (partial final window)" : "");
+    }
+  }
+  if (run.size() != plan.windows.size()) {
+    worst = std::numeric_limits<double>::infinity();
+    detail = "the backend reported " + std::to_string(run.size()) + " updates, the plan has " +
+             std::to_string(plan.windows.size());
+  }
+  if (detail.empty())
+    detail = "B_update = " + std::to_string(plan.micro) + " x " + std::to_string(plan.accum) + " x " +
+             std::to_string(plan.dp) + " = " + std::to_string(plan.update_batch) + " observed" +
+             (plan.tp * plan.pp > 1 ? " (TP x PP = " + std::to_string(plan.tp * plan.pp) + " not counted)" : "");
+  return exact(id, worst, detail);
+}
+
+CheckResult check_sample_ledger(const Plan& plan, int64_t dataset_size, const std::vector<BackendUpdate>& run) {
+  const std::string id = "batch.sample_ledger";
+  std::map<int, std::map<int64_t, int>> seen;  // epoch -> id -> count
+  std::vector<std::string> problems;
+  int64_t wrong = 0;
+  for (size_t u = 0; u < run.size() && u < plan.windows.size(); ++u) {
+    const int epoch = plan.windows[u].epoch;
+    std::map<int, std::vector<int64_t>> by_replica;
+    for (const auto& r : run[u].ranks) {
+      std::vector<int64_t> flat;
+      for (const auto& mb : r.consumed) flat.insert(flat.end(), mb.begin(), mb.end());
+      auto [it, fresh] = by_replica.emplace(r.dp_rank, flat);
+      if (!fresh && it->second != flat) {
+        ++wrong;
+        problems.push_back("update " + std::to_string(u) + ": rank " + std::to_string(r.rank) +
+                           " saw other examples than its replica peers");
+      }
+    }
+    for (const auto& [dp, flat] : by_replica)
+      for (auto sid : flat) {
+        if (sid < 0 || sid >= dataset_size) {
+          ++wrong;
+          problems.push_back("update " + std::to_string(u) + ": id " + std::to_string(sid) + " outside the dataset");
+          continue;
+        }
+        seen[epoch][sid]++;
+      }
+  }
+  const int complete_epochs = static_cast<int>(run.size()) / std::max(1, plan.windows_per_epoch);
+  for (const auto& [epoch, counts] : seen) {
+    std::vector<int64_t> dup, missing;
+    for (const auto& [sid, n] : counts)
+      if (n > 1) dup.push_back(sid), wrong += n - 1;
+    if (epoch < complete_epochs)
+      for (int64_t sid = 0; sid < dataset_size; ++sid)
+        if (!counts.count(sid)) missing.push_back(sid), ++wrong;
+    if (!dup.empty()) problems.push_back("epoch " + std::to_string(epoch) + ": ids " + ids_text(dup) + " consumed more than once");
+    if (!missing.empty()) problems.push_back("epoch " + std::to_string(epoch) + ": ids " + ids_text(missing) + " never consumed");
+  }
+  std::string detail;
+  for (size_t i = 0; i < problems.size(); ++i) detail += (i ? "; " : "") + problems[i];
+  if (detail.empty())
+    detail = "each of " + std::to_string(dataset_size) + " examples once per epoch (" + std::to_string(complete_epochs) +
+             " complete)";
+  return exact(id, static_cast<double>(wrong), detail);
+}
+
+CheckResult check_window_count(const std::vector<ReferenceUpdate>& ref, const std::vector<BackendUpdate>& run) {
+  const std::string id = "targets.window_count";
+  if (ref.size() != run.size()) return missing_updates(id, ref, run);
+  double worst = 0;
+  std::string detail;
+  for (size_t u = 0; u < ref.size(); ++u) {
+    const double dev = std::fabs(static_cast<double>(run[u].valid_targets - ref[u].valid_targets));
+    if (dev > worst) {
+      worst = dev;
+      detail = "update " + std::to_string(u) + ": the backend used N=" + std::to_string(run[u].valid_targets) +
+               ", the window holds " + std::to_string(ref[u].valid_targets) + " valid targets";
+    }
+  }
+  if (detail.empty()) {
+    detail = "N per window:";
+    for (const auto& r : ref) detail += " " + std::to_string(r.valid_targets);
+  }
+  return exact(id, worst, detail);
+}
+
+CheckResult check_global_mean_loss(const std::vector<ReferenceUpdate>& ref, const std::vector<BackendUpdate>& run,
+                                   double tolerance) {
+  const std::string id = "loss.global_mean";
+  if (ref.size() != run.size()) return missing_updates(id, ref, run);
+  double worst = 0;
+  std::string detail = "no updates";
+  for (size_t u = 0; u < ref.size(); ++u) {
+    const double denom = std::fabs(ref[u].loss);
+    const double err = denom > 0 ? std::fabs(run[u].loss - ref[u].loss) / denom : std::fabs(run[u].loss);
+    if (u == 0 || std::isnan(err) || err > worst) {
+      worst = err;
+      char buf[160];
+      std::snprintf(buf, sizeof buf, "update %zu: loss %.12g vs reference %.12g", u, run[u].loss, ref[u].loss);
+      detail = buf;
+      if (std::isnan(err)) break;
+    }
+  }
+  return {id, worst <= tolerance ? Verdict::Pass : Verdict::Fail, worst, tolerance, detail};
+}
+
+CheckResult check_grad_parity(const std::vector<ReferenceUpdate>& ref, const std::vector<BackendUpdate>& run,
+                              double tolerance) {
+  return tensor_parity("grad.parity", ref, run, tolerance, true);
+}
+
+CheckResult check_params_parity(const std::vector<ReferenceUpdate>& ref, const std::vector<BackendUpdate>& run,
+                                double tolerance) {
+  return tensor_parity("params.parity", ref, run, tolerance, false);
+}
+
+std::vector<CheckResult> run_checks(const Plan& plan, int64_t dataset_size, const std::vector<ReferenceUpdate>& ref,
+                                    const std::vector<BackendUpdate>& run, double tolerance) {
+  return {check_update_size(plan, run),           check_sample_ledger(plan, dataset_size, run),
+          check_window_count(ref, run),           check_global_mean_loss(ref, run, tolerance),
+          check_grad_parity(ref, run, tolerance), check_params_parity(ref, run, tolerance)};
+}
+
+CheckResult check_memory_lower_bound(int64_t measured, int64_t estimate) {
+  CheckResult c;
+  c.id = "memory.lower_bound";
+  c.tolerance = 0.02;
+  if (measured <= 0 || estimate <= 0) {
+    c.verdict = Verdict::Skip;
+    c.detail = "model-state bytes not measured";
+    return c;
+  }
+  const double m = static_cast<double>(measured), e = static_cast<double>(estimate);
+  c.figure = (m - e) / e;
+  const std::string figures =
+      "measured " + std::to_string(measured) + " B (" + human_bytes(m) + "), estimate " + std::to_string(estimate) +
+      " B (" + human_bytes(e) + ")";
+  if (m < e * (1 - 1e-12)) {
+    c.verdict = Verdict::Fail;
+    c.detail = figures + ": below the lower bound (the recipe does not describe this run, or state is missing)";
+  } else if (c.figure > c.tolerance) {
+    c.verdict = Verdict::Fail;
+    char pct[32];
+    std::snprintf(pct, sizeof pct, "%.2f%%", 100 * c.figure);
+    c.detail = figures + ": " + pct + " above the bound (extra copies of model state)";
+  } else {
+    c.verdict = Verdict::Pass;
+    c.detail = figures;
+  }
+  return c;
+}
+
+CheckResult check_memory_budget(const std::vector<PhasePeak>& peaks, double budget_bytes) {
+  CheckResult c;
+  c.id = "memory.budget";
+  c.tolerance = budget_bytes > 0 ? budget_bytes : 0;
+  if (!(budget_bytes > 0)) {
+    c.verdict = Verdict::Skip;
+    c.detail = "no memory budget set";
+    return c;
+  }
+  if (peaks.empty()) {
+    c.verdict = Verdict::Skip;
+    c.detail = "no peaks measured";
+    return c;
+  }
+  const PhasePeak* worst = &peaks.front();
+  for (const auto& p : peaks)
+    if (p.peak_bytes > worst->peak_bytes) worst = &p;
+  c.figure = static_cast<double>(worst->peak_bytes);
+  const bool over = c.figure > budget_bytes;
+  c.verdict = over ? Verdict::Fail : Verdict::Pass;
+  c.detail = "rank " + std::to_string(worst->rank) + ", " + worst->bucket + " bucket, " + worst->phase + ": " +
+             human_bytes(c.figure) + (over ? " > " : " <= ") + "budget " + human_bytes(budget_bytes) +
+             (human_bytes(c.figure) == human_bytes(budget_bytes)
+                  ? " (" + std::to_string(worst->peak_bytes) + " B vs " + num(budget_bytes) + " B)"
+                  : "") +
+             (worst->device == "cpu" ? "" : " (" + worst->device + ")");
+  return c;
+}
+
+}  // namespace gradcert

@@ -1,0 +1,20 @@
+// Numbers and text as every writer prints them (tables, Markdown, JSON, XML).
+#pragma once
+#include <nlohmann/json_fwd.hpp>
+
+#include <string>
+
+namespace gradcert {
+
+/// A figure as the tables print it: integers plainly, others as %.2e; inf and nan by name.
+std::string figure_text(double x);
+/// A double for JSON: non-finite values become the strings "nan", "inf", "-inf".
+nlohmann::json json_number(double x);
+/// Text escaped for XML attributes and content (control characters become spaces).
+std::string xml_escape(const std::string& s);
+/// "8.94 GiB", "3.20 MiB", "512 B" (binary units, 2 decimals above 1 KiB).
+std::string human_bytes(double bytes);
+/// Scientific form, trailing zeros dropped, up to 5 significant digits: 9.6e9, 1.284e9, 5.792e3.
+std::string sci(double x);
+
+}  // namespace gradcert

@@ -1,0 +1,82 @@
+// The result model: what a run, a certification and its checks found. Writers in reports/
+// render it; nothing here formats for a particular output.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "conformance/core/memory_types.hpp"
+#include "conformance/core/spec.hpp"
+#include "conformance/core/throughput.hpp"
+
+namespace gradcert {
+
+/// The name of the backend that runs a foreign program over the file protocol.
+constexpr const char* kExternalBackend = "external";
+
+enum class Verdict { Pass, Fail, Skip };
+/// "pass" | "fail" | "skip".
+std::string verdict_name(Verdict v);
+
+/// One check's outcome: the worst figure seen, the tolerance it was held to, and a
+/// one-line detail that says where (update, rank, tensor) the figure came from.
+struct CheckResult {
+  std::string id;
+  Verdict verdict = Verdict::Skip;
+  double figure = 0;
+  double tolerance = 0;
+  std::string detail;
+};
+
+/// Where and with what a report was made.
+struct Environment {
+  std::string torch;     ///< torch version the ranks linked
+  std::string device = "cpu";
+  int world = 1;         ///< the largest world in the report
+  std::string launcher = "local";
+  std::string git;       ///< commit of the gradcert checkout ("unknown" outside git)
+  uint64_t seed = 0;
+  std::string host;
+  std::string started;   ///< UTC, ISO 8601
+};
+
+/// One backend run (or a failed attempt at one) and its checks.
+struct RunReport {
+  std::string backend;
+  TopologySpec topology;
+  std::string dtype;
+  std::string optimizer;
+  std::string inject;     ///< "" for the correct backend
+  int updates = 0;
+  int64_t update_batch = 0;
+  std::vector<CheckResult> checks;
+  std::string error;      ///< set when the run itself failed (names the rank)
+  std::string run_dir;
+  double wall_seconds = 0;
+  /// Built-in backends: the estimate, measured model state and phase peaks (memory.* checks).
+  bool has_memory = false;
+  MemoryRunReport memory;
+  /// Rates from the manifest's step times; scaling against `single` is set by certify.
+  bool has_throughput = false;
+  Throughput throughput;
+
+  /// No check failed and the run did not fail.
+  bool passed() const;
+  /// For a mutant run: the ids of the checks that failed.
+  std::vector<std::string> detected_by() const;
+};
+
+/// A whole report. Correct runs must pass; mutant runs (inject set) must be detected.
+struct Report {
+  Environment environment;
+  std::string spec_json;
+  std::vector<RunReport> runs;
+
+  /// Every correct run passed and every mutant run was detected.
+  bool passed() const;
+};
+
+/// "ddp dp2 tp2 float64 sgd [inject=NAME]": how tables and suites name a run.
+std::string run_label(const RunReport& r);
+
+}  // namespace gradcert

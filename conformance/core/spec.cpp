@@ -1,0 +1,261 @@
+#include "conformance/core/spec.hpp"
+
+#include <fstream>
+#include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+namespace gradcert {
+
+using nlohmann::json;
+
+SpecError::SpecError(const std::string& f, const std::string& what)
+    : std::runtime_error("spec field '" + f + "': " + what), field(f) {}
+
+// NOTE [tolerances] Parity is the relative L2 error of each tensor against the float64
+// reference (and of the loss). Measured on the built-in model over seeds 1-8, single and
+// ddp (world 2), SGD lr 0.1 and AdamW lr 1e-3, every update of one epoch:
+//   float64  worst 2.4e-15 (summation order only)      -> 1e-10, five orders of margin;
+//   float32  worst 1.8e-6                               -> 2e-5, ~11x margin;
+//   bfloat16 worst 7.1e-2 (bf16 compute, fp32 master)   -> 1.5e-1, ~2x margin.
+// Any scaling bug moves the figure by |factor - 1| >= 1/3 for D <= 3, A <= 3, so float64
+// and float32 catch every factor error; bfloat16 catches factor errors above ~15% only,
+// and the report's tolerance column says so.
+double Spec::parity_tolerance() const {
+  switch (dtype) {
+    case DType::Float64: return tolerance.float64;
+    case DType::Float32: return tolerance.float32;
+    case DType::BFloat16: return tolerance.bfloat16;
+  }
+  return tolerance.float64;
+}
+
+namespace {
+
+// A strict reader over one JSON object: every key must be consumed by a field reader.
+class Reader {
+ public:
+  Reader(const json& j, std::string path) : j_(j), path_(std::move(path)) {
+    if (!j_.is_object()) throw SpecError(path_.empty() ? "(root)" : path_, "expected an object");
+  }
+  std::string field(const std::string& key) const { return path_.empty() ? key : path_ + "." + key; }
+
+  template <class T>
+  void get(const std::string& key, T& out) {
+    seen_.insert({key, true});
+    auto it = j_.find(key);
+    if (it == j_.end()) return;
+    read(*it, field(key), out);
+  }
+  void object(const std::string& key, const std::function<void(Reader&)>& fn) {
+    seen_.insert({key, true});
+    auto it = j_.find(key);
+    if (it == j_.end()) return;
+    Reader sub(*it, field(key));
+    fn(sub);
+    sub.finish();
+  }
+  void finish() const {
+    for (auto it = j_.begin(); it != j_.end(); ++it)
+      if (!seen_.count(it.key())) throw SpecError(field(it.key()), "unknown field");
+  }
+
+ private:
+  static void read(const json& v, const std::string& f, int& out) {
+    if (!v.is_number_integer()) throw SpecError(f, "expected an integer, got " + v.dump());
+    auto x = v.get<int64_t>();
+    if (x < INT32_MIN || x > INT32_MAX) throw SpecError(f, "integer out of range");
+    out = static_cast<int>(x);
+  }
+  static void read(const json& v, const std::string& f, uint64_t& out) {
+    if (!v.is_number_integer() || (v.is_number_integer() && !v.is_number_unsigned() && v.get<int64_t>() < 0))
+      throw SpecError(f, "expected a non-negative integer, got " + v.dump());
+    out = v.get<uint64_t>();
+  }
+  static void read(const json& v, const std::string& f, double& out) {
+    if (!v.is_number()) throw SpecError(f, "expected a number, got " + v.dump());
+    out = v.get<double>();
+  }
+  static void read(const json& v, const std::string& f, bool& out) {
+    if (!v.is_boolean()) throw SpecError(f, "expected true or false, got " + v.dump());
+    out = v.get<bool>();
+  }
+  static void read(const json& v, const std::string& f, std::string& out) {
+    if (!v.is_string()) throw SpecError(f, "expected a string, got " + v.dump());
+    out = v.get<std::string>();
+  }
+  static void read(const json& v, const std::string& f, DType& out) {
+    std::string s;
+    read(v, f, s);
+    try {
+      out = parse_dtype(s);
+    } catch (const std::invalid_argument& e) {
+      throw SpecError(f, e.what());
+    }
+  }
+
+  const json& j_;
+  std::string path_;
+  std::map<std::string, bool> seen_;
+};
+
+void positive(int v, const std::string& f) {
+  if (v < 1) throw SpecError(f, "must be >= 1, got " + std::to_string(v));
+}
+void share(double v, const std::string& f) {
+  if (!(v >= 0.0 && v <= 1.0)) throw SpecError(f, "must be in [0, 1], got " + std::to_string(v));
+}
+void range(int lo, int hi, const std::string& f) {
+  if (lo < 2) throw SpecError(f + "_min", "must be >= 2 (an example needs a next token), got " + std::to_string(lo));
+  if (hi < lo) throw SpecError(f + "_max", "must be >= " + f + "_min");
+}
+
+}  // namespace
+
+void validate_spec(const Spec& s) {
+  positive(s.model.vocab, "model.vocab");
+  if (s.model.vocab < 3) throw SpecError("model.vocab", "must be >= 3 (token 0 is padding)");
+  positive(s.model.d_model, "model.d_model");
+  positive(s.model.heads, "model.heads");
+  if (s.model.d_model % s.model.heads != 0)
+    throw SpecError("model.heads", "must divide model.d_model (" + std::to_string(s.model.d_model) + ")");
+  positive(s.model.layers, "model.layers");
+  positive(s.model.d_ff, "model.d_ff");
+  positive(s.model.max_len, "model.max_len");
+  positive(s.dataset.size, "dataset.size");
+  range(s.dataset.short_min, s.dataset.short_max, "dataset.short");
+  range(s.dataset.typical_min, s.dataset.typical_max, "dataset.typical");
+  range(s.dataset.long_min, s.dataset.long_max, "dataset.long");
+  for (auto [v, f] : {std::pair{s.dataset.short_max, "dataset.short_max"},
+                      {s.dataset.typical_max, "dataset.typical_max"}, {s.dataset.long_max, "dataset.long_max"}})
+    if (v > s.model.max_len) throw SpecError(f, "exceeds model.max_len (" + std::to_string(s.model.max_len) + ")");
+  share(s.dataset.short_share, "dataset.short_share");
+  share(s.dataset.long_share, "dataset.long_share");
+  if (s.dataset.short_share + s.dataset.long_share > 1.0)
+    throw SpecError("dataset.long_share", "short_share + long_share must be <= 1");
+  share(s.dataset.prompt_share, "dataset.prompt_share");
+  share(s.dataset.all_prompt_share, "dataset.all_prompt_share");
+  positive(s.batch.micro, "batch.micro");
+  positive(s.batch.accum, "batch.accum");
+  positive(s.topology.dp, "topology.dp");
+  positive(s.topology.tp, "topology.tp");
+  positive(s.topology.pp, "topology.pp");
+  if (s.updates < 0) throw SpecError("updates", "must be >= 0 (0 = one epoch)");
+  if (s.optimizer.name != "sgd" && s.optimizer.name != "adamw")
+    throw SpecError("optimizer.name", "unknown optimizer '" + s.optimizer.name + "' (expected sgd or adamw)");
+  if (!(s.optimizer.lr >= 0)) throw SpecError("optimizer.lr", "must be >= 0 (0: the optimizer's default)");
+  for (auto [v, f] : {std::pair{s.tolerance.float64, "tolerance.float64"}, {s.tolerance.float32, "tolerance.float32"},
+                      {s.tolerance.bfloat16, "tolerance.bfloat16"}})
+    if (!(v > 0)) throw SpecError(f, "must be > 0");
+  if (!(s.timeout.collective_s > 0)) throw SpecError("timeout.collective_s", "must be > 0");
+  if (s.pipeline.schedule != "1f1b" && s.pipeline.schedule != "gpipe")
+    throw SpecError("pipeline.schedule", "unknown schedule '" + s.pipeline.schedule + "' (expected 1f1b or gpipe)");
+  if (!(s.timeout.run_s > 0)) throw SpecError("timeout.run_s", "must be > 0");
+  if (!(s.memory.budget_bytes >= 0)) throw SpecError("memory.budget_bytes", "must be >= 0 (0: no budget)");
+}
+
+Spec parse_spec(const std::string& text, const std::string& source) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::parse_error& e) {
+    throw SpecError("(root)", source + " is not valid JSON: " + e.what());
+  }
+  Spec s;
+  Reader r(j, "");
+  r.get("seed", s.seed);
+  r.object("model", [&](Reader& m) {
+    m.get("vocab", s.model.vocab);
+    m.get("d_model", s.model.d_model);
+    m.get("heads", s.model.heads);
+    m.get("layers", s.model.layers);
+    m.get("d_ff", s.model.d_ff);
+    m.get("max_len", s.model.max_len);
+  });
+  r.object("dataset", [&](Reader& d) {
+    d.get("size", s.dataset.size);
+    d.get("short_min", s.dataset.short_min);
+    d.get("short_max", s.dataset.short_max);
+    d.get("typical_min", s.dataset.typical_min);
+    d.get("typical_max", s.dataset.typical_max);
+    d.get("long_min", s.dataset.long_min);
+    d.get("long_max", s.dataset.long_max);
+    d.get("short_share", s.dataset.short_share);
+    d.get("long_share", s.dataset.long_share);
+    d.get("prompt_share", s.dataset.prompt_share);
+    d.get("all_prompt_share", s.dataset.all_prompt_share);
+    d.get("shuffle", s.dataset.shuffle);
+  });
+  r.object("batch", [&](Reader& b) {
+    b.get("micro", s.batch.micro);
+    b.get("accum", s.batch.accum);
+  });
+  r.object("topology", [&](Reader& t) {
+    t.get("dp", s.topology.dp);
+    t.get("tp", s.topology.tp);
+    t.get("pp", s.topology.pp);
+  });
+  r.get("updates", s.updates);
+  r.get("dtype", s.dtype);
+  r.object("optimizer", [&](Reader& o) {
+    o.get("name", s.optimizer.name);
+    o.get("lr", s.optimizer.lr);
+    o.get("momentum", s.optimizer.momentum);
+    o.get("beta1", s.optimizer.beta1);
+    o.get("beta2", s.optimizer.beta2);
+    o.get("eps", s.optimizer.eps);
+    o.get("weight_decay", s.optimizer.weight_decay);
+  });
+  r.object("tolerance", [&](Reader& t) {
+    t.get("float64", s.tolerance.float64);
+    t.get("float32", s.tolerance.float32);
+    t.get("bfloat16", s.tolerance.bfloat16);
+  });
+  r.object("pipeline", [&](Reader& q) { q.get("schedule", s.pipeline.schedule); });
+  r.object("timeout", [&](Reader& t) {
+    t.get("collective_s", s.timeout.collective_s);
+    t.get("run_s", s.timeout.run_s);
+  });
+  r.object("memory", [&](Reader& m) { m.get("budget_bytes", s.memory.budget_bytes); });
+  r.finish();
+  validate_spec(s);
+  return s;
+}
+
+Spec load_spec(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw SpecError("(file)", "cannot read spec file '" + path + "'");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parse_spec(ss.str(), path);
+}
+
+std::string spec_to_json(const Spec& s) {
+  json j = {
+      {"seed", s.seed},
+      {"model", {{"vocab", s.model.vocab}, {"d_model", s.model.d_model}, {"heads", s.model.heads},
+                 {"layers", s.model.layers}, {"d_ff", s.model.d_ff}, {"max_len", s.model.max_len}}},
+      {"dataset", {{"size", s.dataset.size}, {"short_min", s.dataset.short_min}, {"short_max", s.dataset.short_max},
+                   {"typical_min", s.dataset.typical_min}, {"typical_max", s.dataset.typical_max},
+                   {"long_min", s.dataset.long_min}, {"long_max", s.dataset.long_max},
+                   {"short_share", s.dataset.short_share}, {"long_share", s.dataset.long_share},
+                   {"prompt_share", s.dataset.prompt_share}, {"all_prompt_share", s.dataset.all_prompt_share},
+                   {"shuffle", s.dataset.shuffle}}},
+      {"batch", {{"micro", s.batch.micro}, {"accum", s.batch.accum}}},
+      {"topology", {{"dp", s.topology.dp}, {"tp", s.topology.tp}, {"pp", s.topology.pp}}},
+      {"updates", s.updates},
+      {"dtype", dtype_name(s.dtype)},
+      {"optimizer", {{"name", s.optimizer.name}, {"lr", s.optimizer.learning_rate()}, {"momentum", s.optimizer.momentum},
+                     {"beta1", s.optimizer.beta1}, {"beta2", s.optimizer.beta2}, {"eps", s.optimizer.eps},
+                     {"weight_decay", s.optimizer.weight_decay}}},
+      {"tolerance", {{"float64", s.tolerance.float64}, {"float32", s.tolerance.float32},
+                     {"bfloat16", s.tolerance.bfloat16}}},
+      {"timeout", {{"collective_s", s.timeout.collective_s}, {"run_s", s.timeout.run_s}}},
+      {"pipeline", {{"schedule", s.pipeline.schedule}}},
+      {"memory", {{"budget_bytes", s.memory.budget_bytes}}},
+  };
+  return j.dump(2);
+}
+
+}  // namespace gradcert

@@ -1,0 +1,84 @@
+// A run directory: what ranks write and what the checks read (see backends/PROTOCOL.md).
+#pragma once
+#include <string>
+#include <vector>
+
+#include "conformance/core/memory_types.hpp"
+#include "conformance/core/plan.hpp"
+#include "conformance/core/tensors.hpp"
+
+namespace gradcert {
+
+/// What one rank reported for one update.
+struct RankRecord {
+  int rank = 0;     ///< global rank
+  int dp_rank = 0;  ///< its data-parallel rank
+  std::vector<std::vector<int64_t>> consumed;  ///< ids per microstep
+};
+
+/// What a backend produced for one update (full canonical tensors).
+struct BackendUpdate {
+  int update = 0;
+  double loss = 0;
+  int64_t valid_targets = 0;  ///< the N the backend used
+  std::vector<RankRecord> ranks;
+  TensorMap grads;
+  TensorMap params_after;
+  double step_seconds = 0;
+};
+
+/// What the reference computed for one update.
+struct ReferenceUpdate {
+  int update = 0;
+  double loss = 0;            ///< L = sum of token losses / N (0 when N = 0)
+  int64_t valid_targets = 0;  ///< N, recounted from the concatenated batch's labels
+  TensorMap grads;            ///< grad L (zero when N = 0)
+  TensorMap params_after;     ///< parameters after the optimizer step
+};
+
+/// What one rank consumed in one update, and its local sums.
+struct RankUpdateRecord {
+  int update = 0;
+  std::vector<std::vector<int64_t>> consumed;  ///< ids per microstep
+  double loss_sum = 0;                          ///< S_r = sum_a S_{r,a}
+  int64_t valid_targets = 0;                    ///< sum_a n_{r,a}
+};
+
+/// Writes <dir>/rank<r>.json.
+void write_rank_record(const std::string& dir, int rank, int dp_rank, const std::vector<RankUpdateRecord>& updates);
+
+/// What rank 0 writes per update: <dir>/u<k>.grads.safetensors, u<k>.params.safetensors.
+void write_update_tensors(const std::string& dir, int update, const TensorMap& grads, const TensorMap& params);
+
+/// One update's scalar results for the manifest.
+struct ManifestUpdate {
+  int update = 0;
+  double loss = 0;
+  int64_t valid_targets = 0;
+  double step_seconds = 0;
+};
+/// Writes <dir>/manifest.json (rank 0, after the last update).
+void write_manifest(const std::string& dir, const std::string& backend, int world,
+                    const std::vector<ManifestUpdate>& updates);
+
+/// Reads a run directory strictly against the plan: the manifest, one record per rank,
+/// and each update's tensors (names, shapes and dtype from `expected`). Any problem
+/// throws ArtifactError naming the file (and the rank or tensor).
+std::vector<BackendUpdate> read_run(const std::string& dir, const Plan& plan, int world, const TensorMap& expected,
+                                    DType dtype);
+
+/// What one rank measured of its memory: <dir>/rank<r>.memory.json (built-in backends).
+struct RankMemory {
+  int rank = 0;
+  int64_t model_state_bytes = -1;  ///< distinct storage of the backend's state_tensors (-1: not reported)
+  int64_t model_state_tensors = 0; ///< how many tensors that was
+  int64_t checkpoint_bytes = 0;    ///< the checkpoint file written in "save" (last bucket)
+  int64_t process_high_water_bytes = -1;  ///< VmHWM when the rank finished (-1: unknown)
+  std::vector<PhasePeak> peaks;    ///< per length bucket and phase (the maximum over repeats)
+};
+/// Writes <dir>/rank<r>.memory.json.
+void write_rank_memory(const std::string& dir, const RankMemory& m);
+/// Reads <dir>/rank<rank>.memory.json strictly; throws ArtifactError naming the file and field.
+RankMemory read_rank_memory(const std::string& dir, int rank);
+
+}  // namespace gradcert

@@ -1,0 +1,340 @@
+#include "conformance/protocol/safetensors.hpp"
+
+#include "conformance/core/files.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+namespace gradcert {
+
+namespace {
+
+using json = nlohmann::json;
+
+constexpr uint64_t kMaxHeaderBytes = 100ull * 1024 * 1024;
+constexpr int kMaxJsonDepth = 64;
+
+size_t element_size(DType d) {
+  switch (d) {
+    case DType::Float64: return 8;
+    case DType::Float32: return 4;
+    case DType::BFloat16: return 2;
+  }
+  return 8;
+}
+
+bool parse_safetensors_dtype(const std::string& s, DType& out) {
+  if (s == "F64") { out = DType::Float64; return true; }
+  if (s == "F32") { out = DType::Float32; return true; }
+  if (s == "BF16") { out = DType::BFloat16; return true; }
+  return false;
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i) s += ",";
+    s += std::to_string(shape[i]);
+  }
+  return s + "]";
+}
+
+uint64_t load_le(const char* p, size_t n) {
+  uint64_t v = 0;
+  for (size_t i = 0; i < n; ++i) v |= uint64_t(static_cast<unsigned char>(p[i])) << (8 * i);
+  return v;
+}
+
+void store_le(std::string& out, uint64_t v, size_t n) {
+  for (size_t i = 0; i < n; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+
+uint16_t float_to_bf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  if (std::isnan(f)) return static_cast<uint16_t>((bits >> 16) | 0x0040);
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+double decode_value(const char* p, DType d) {
+  switch (d) {
+    case DType::Float64: {
+      uint64_t bits = load_le(p, 8);
+      double v;
+      std::memcpy(&v, &bits, sizeof v);
+      return v;
+    }
+    case DType::Float32: {
+      uint32_t bits = static_cast<uint32_t>(load_le(p, 4));
+      float v;
+      std::memcpy(&v, &bits, sizeof v);
+      return v;
+    }
+    case DType::BFloat16: {
+      uint32_t bits = static_cast<uint32_t>(load_le(p, 2)) << 16;
+      float v;
+      std::memcpy(&v, &bits, sizeof v);
+      return v;
+    }
+  }
+  return 0.0;
+}
+
+void encode_value(std::string& out, double v, DType d) {
+  switch (d) {
+    case DType::Float64: {
+      uint64_t bits;
+      std::memcpy(&bits, &v, sizeof bits);
+      store_le(out, bits, 8);
+      return;
+    }
+    case DType::Float32: {
+      float f = static_cast<float>(v);
+      uint32_t bits;
+      std::memcpy(&bits, &f, sizeof bits);
+      store_le(out, bits, 4);
+      return;
+    }
+    case DType::BFloat16:
+      store_le(out, float_to_bf16(static_cast<float>(v)), 2);
+      return;
+  }
+}
+
+// Rejects nesting deep enough to stress the JSON library's stack.
+bool json_depth_ok(const std::string& text) {
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  for (char c : text) {
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > kMaxJsonDepth) return false;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return true;
+}
+
+bool json_to_int64(const json& j, int64_t& out) {
+  if (j.is_number_unsigned()) {
+    uint64_t u = j.get<uint64_t>();
+    if (u > uint64_t(std::numeric_limits<int64_t>::max())) return false;
+    out = static_cast<int64_t>(u);
+    return true;
+  }
+  if (j.is_number_integer()) {
+    out = j.get<int64_t>();
+    return true;
+  }
+  return false;
+}
+
+struct Entry {
+  std::string name;
+  DType dtype;
+  std::vector<int64_t> shape;
+  int64_t numel;
+  int64_t begin;
+  int64_t end;
+};
+
+}  // namespace
+
+void write_safetensors(const std::string& path, const TensorMap& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  json header = json::object();
+  std::string data;
+  for (const auto& [name, t] : tensors) {
+    if (name == "__metadata__")
+      throw ArtifactError(path + ": tensor name '__metadata__' is reserved");
+    int64_t numel = 1;
+    for (int64_t d : t.shape) {
+      if (d < 0) throw ArtifactError(path + ": tensor '" + name + "': negative dimension in shape " +
+                                     shape_text(t.shape));
+      numel *= d;
+    }
+    if (static_cast<int64_t>(t.values.size()) != numel)
+      throw ArtifactError(path + ": tensor '" + name + "': " + std::to_string(t.values.size()) +
+                          " values but shape " + shape_text(t.shape) + " holds " +
+                          std::to_string(numel));
+    const int64_t begin = static_cast<int64_t>(data.size());
+    for (double v : t.values) encode_value(data, v, t.dtype);
+    header[name] = {{"dtype", safetensors_dtype(t.dtype)},
+                    {"shape", t.shape},
+                    {"data_offsets", {begin, static_cast<int64_t>(data.size())}}};
+  }
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+
+  std::string header_text;
+  try {
+    header_text = header.dump();
+  } catch (const json::exception& e) {
+    throw ArtifactError(path + ": cannot encode safetensors header: " + e.what());
+  }
+  header_text.append((8 - header_text.size() % 8) % 8, ' ');
+
+  std::string file;
+  file.reserve(8 + header_text.size() + data.size());
+  store_le(file, header_text.size(), 8);
+  file += header_text;
+  file += data;
+  write_file_atomic(path, file);
+}
+
+TensorMap parse_safetensors(const std::string& label, const std::string& bytes,
+                            const std::map<std::string, TensorExpectation>& expect) {
+  auto fail = [&](const std::string& what) -> ArtifactError {
+    return ArtifactError(label + ": " + what);
+  };
+  auto fail_tensor = [&](const std::string& name, const std::string& what) -> ArtifactError {
+    return ArtifactError(label + ": tensor '" + name + "': " + what);
+  };
+
+  if (bytes.size() < 8)
+    throw fail("file is " + std::to_string(bytes.size()) +
+               " bytes, shorter than the 8-byte safetensors header length");
+  const uint64_t header_len = load_le(bytes.data(), 8);
+  if (header_len == 0) throw fail("safetensors header length is 0");
+  if (header_len > kMaxHeaderBytes)
+    throw fail("safetensors header length " + std::to_string(header_len) +
+               " exceeds the 100 MiB limit");
+  if (header_len > bytes.size() - 8)
+    throw fail("safetensors header length " + std::to_string(header_len) + " exceeds the " +
+               std::to_string(bytes.size() - 8) + " bytes after the length field");
+
+  const std::string header_text = bytes.substr(8, header_len);
+  const char* data = bytes.data() + 8 + header_len;
+  const uint64_t data_len = bytes.size() - 8 - header_len;
+
+  if (!json_depth_ok(header_text)) throw fail("safetensors header JSON is nested too deeply");
+  json header;
+  try {
+    header = json::parse(header_text);
+  } catch (const json::exception& e) {
+    throw fail(std::string("safetensors header is not valid JSON: ") + e.what());
+  }
+  if (!header.is_object()) throw fail("safetensors header is not a JSON object");
+
+  std::vector<Entry> entries;
+  for (const auto& [name, value] : header.items()) {
+    if (name == "__metadata__") {
+      if (!value.is_object()) throw fail("\"__metadata__\" is not a JSON object");
+      for (const auto& [key, v] : value.items())
+        if (!v.is_string()) throw fail("\"__metadata__\" entry '" + key + "' is not a string");
+      continue;
+    }
+    if (!value.is_object()) throw fail_tensor(name, "header entry is not a JSON object");
+    for (const char* field : {"dtype", "shape", "data_offsets"})
+      if (!value.contains(field)) throw fail_tensor(name, std::string("missing \"") + field + "\"");
+
+    Entry e;
+    e.name = name;
+    const json& dtype = value["dtype"];
+    if (!dtype.is_string()) throw fail_tensor(name, "\"dtype\" is not a string");
+    if (!parse_safetensors_dtype(dtype.get<std::string>(), e.dtype))
+      throw fail_tensor(name, "unknown dtype '" + dtype.get<std::string>() +
+                                  "' (expected F64, F32 or BF16)");
+
+    const json& shape = value["shape"];
+    if (!shape.is_array()) throw fail_tensor(name, "\"shape\" is not an array");
+    const int64_t max_numel =
+        std::numeric_limits<int64_t>::max() / static_cast<int64_t>(element_size(e.dtype));
+    e.numel = 1;
+    for (const json& d : shape) {
+      int64_t dim;
+      if (!json_to_int64(d, dim)) throw fail_tensor(name, "\"shape\" holds a non-integer dimension");
+      if (dim < 0) throw fail_tensor(name, "\"shape\" holds negative dimension " + std::to_string(dim));
+      e.shape.push_back(dim);
+      if (dim != 0 && e.numel > max_numel / dim)
+        throw fail_tensor(name, "shape size overflows");
+      e.numel *= dim;
+    }
+    if (e.numel > max_numel) throw fail_tensor(name, "shape size overflows");
+
+    const json& offsets = value["data_offsets"];
+    if (!offsets.is_array() || offsets.size() != 2 || !json_to_int64(offsets[0], e.begin) ||
+        !json_to_int64(offsets[1], e.end) || e.begin < 0)
+      throw fail_tensor(name, "\"data_offsets\" is not two non-negative integers");
+    if (e.begin > e.end)
+      throw fail_tensor(name, "data_offsets [" + std::to_string(e.begin) + "," +
+                                  std::to_string(e.end) + "] begin past end");
+    if (static_cast<uint64_t>(e.end) > data_len)
+      throw fail_tensor(name, "data_offsets end " + std::to_string(e.end) +
+                                  " lies beyond the data section of " + std::to_string(data_len) +
+                                  " bytes (file truncated?)");
+    const int64_t want = e.numel * static_cast<int64_t>(element_size(e.dtype));
+    if (e.end - e.begin != want)
+      throw fail_tensor(name, "data_offsets span " + std::to_string(e.end - e.begin) +
+                                  " bytes but shape " + shape_text(e.shape) + " of " +
+                                  safetensors_dtype(e.dtype) + " needs " + std::to_string(want));
+    entries.push_back(std::move(e));
+  }
+
+  std::vector<const Entry*> by_offset;
+  for (const Entry& e : entries)
+    if (e.end > e.begin) by_offset.push_back(&e);
+  std::sort(by_offset.begin(), by_offset.end(),
+            [](const Entry* a, const Entry* b) { return a->begin < b->begin; });
+  for (size_t i = 1; i < by_offset.size(); ++i)
+    if (by_offset[i - 1]->end > by_offset[i]->begin)
+      throw fail_tensor(by_offset[i]->name,
+                        "data_offsets overlap those of tensor '" + by_offset[i - 1]->name + "'");
+
+  if (!expect.empty()) {
+    for (const auto& [name, want] : expect) {
+      auto it = std::find_if(entries.begin(), entries.end(),
+                             [&](const Entry& e) { return e.name == name; });
+      if (it == entries.end()) throw fail("tensor '" + name + "' is missing");
+      if (it->shape != want.shape)
+        throw fail_tensor(name, "shape " + shape_text(it->shape) + " but the plan expects " +
+                                    shape_text(want.shape));
+      if (it->dtype != want.dtype)
+        throw fail_tensor(name, "dtype " + dtype_name(it->dtype) + " but the plan expects " +
+                                    dtype_name(want.dtype));
+    }
+    for (const Entry& e : entries)
+      if (!expect.count(e.name)) throw fail("tensor '" + e.name + "' is not expected");
+  }
+
+  TensorMap out;
+  for (const Entry& e : entries) {
+    HostTensor t;
+    t.name = e.name;
+    t.shape = e.shape;
+    t.dtype = e.dtype;
+    t.values.reserve(static_cast<size_t>(e.numel));
+    const size_t step = element_size(e.dtype);
+    const char* p = data + e.begin;
+    for (int64_t i = 0; i < e.numel; ++i, p += step) t.values.push_back(decode_value(p, e.dtype));
+    out.emplace(e.name, std::move(t));
+  }
+  return out;
+}
+
+TensorMap read_safetensors(const std::string& path,
+                           const std::map<std::string, TensorExpectation>& expect) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw ArtifactError(path + ": cannot open safetensors file");
+  std::ostringstream buf;
+  buf << in.rdbuf();
+  if (in.bad()) throw ArtifactError(path + ": cannot read safetensors file");
+  return parse_safetensors(path, buf.str(), expect);
+}
+
+}  // namespace gradcert

@@ -1,0 +1,34 @@
+// The safetensors format both ways, with one strict reader (backends/PROTOCOL.md).
+#pragma once
+#include <map>
+#include <string>
+
+#include "conformance/core/tensors.hpp"
+
+namespace gradcert {
+
+/// Writes `tensors` as a safetensors file, each in its own dtype (values rounded to it),
+/// via a temporary file and rename. `metadata` goes to the "__metadata__" entry.
+void write_safetensors(const std::string& path, const TensorMap& tensors,
+                       const std::map<std::string, std::string>& metadata = {});
+
+/// What a reader expects of one tensor: its shape and dtype.
+struct TensorExpectation {
+  std::vector<int64_t> shape;
+  DType dtype = DType::Float64;
+};
+
+/// Reads a safetensors file strictly: header length within bounds and the file, header
+/// JSON well-formed, known dtypes, offsets inside the data section, in order, not
+/// overlapping and matching shape x dtype size. With `expect` non-empty, the set of names
+/// must match exactly and each tensor's shape and dtype must match. Any violation throws
+/// ArtifactError naming the file and the tensor. Never crashes on hostile input.
+TensorMap read_safetensors(const std::string& path,
+                           const std::map<std::string, TensorExpectation>& expect = {});
+
+/// Same as read_safetensors but from bytes in memory; `label` names the source in errors.
+/// (The entry point for a fuzz target.)
+TensorMap parse_safetensors(const std::string& label, const std::string& bytes,
+                            const std::map<std::string, TensorExpectation>& expect = {});
+
+}  // namespace gradcert

@@ -1,0 +1,272 @@
+#include "conformance/run/harness.hpp"
+
+#include "backends/catalog.hpp"
+#include "conformance/checks/checks.hpp"
+#include "conformance/core/files.hpp"
+#include "conformance/memory/memory.hpp"
+#include "conformance/protocol/safetensors.hpp"
+
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/version.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+
+#include "backends/runtime/strategy.hpp"
+#include <nlohmann/json.hpp>
+
+#include "conformance/protocol/artifacts.hpp"
+#include "conformance/core/dataset.hpp"
+#include "conformance/model/model.hpp"
+#include "conformance/model/reference.hpp"
+#include "conformance/core/throughput.hpp"
+
+namespace gradcert {
+
+namespace fs = std::filesystem;
+
+Spec effective_spec(const RunRequest& req) {
+  Spec s = req.spec;
+  if (req.tp > 0) s.topology.tp = req.tp;
+  if (req.pp > 0) s.topology.pp = req.pp;
+  if (req.world > 0) s.topology.dp = data_parallel_degree(req.world, s.topology.tp, s.topology.pp);
+  validate_spec(s);
+  return s;
+}
+
+namespace {
+
+// The examples each update really consumed (one record per DP rank, in rank and
+// microstep order), as a plan the reference can run: the sampler audit's reference.
+Plan plan_from_consumed(const Spec& spec, const Plan& planned, const std::vector<BackendUpdate>& run) {
+  Plan p = planned;
+  std::vector<int64_t> targets(spec.dataset.size, -1);
+  for (size_t u = 0; u < run.size() && u < p.windows.size(); ++u) {
+    Window& w = p.windows[u];
+    w.ids.clear();
+    w.valid_targets = 0;
+    std::map<int, const RankRecord*> replicas;
+    for (const auto& r : run[u].ranks) replicas.emplace(r.dp_rank, &r);
+    for (auto& [dp, rec] : replicas)
+      for (const auto& mb : rec->consumed)
+        for (auto id : mb) {
+          if (id < 0 || id >= spec.dataset.size)
+            throw ArtifactError("rank " + std::to_string(rec->rank) + " reported sample id " + std::to_string(id) +
+                                " outside the dataset");
+          if (targets[id] < 0) targets[id] = make_sample(spec, id).valid_targets();
+          w.ids.push_back(id);
+          w.valid_targets += targets[id];
+        }
+  }
+  return p;
+}
+
+void write_external_inputs(const Spec& spec, const std::string& dir) {
+  nlohmann::json samples = nlohmann::json::array();
+  for (int64_t id = 0; id < spec.dataset.size; ++id) {
+    const Sample s = make_sample(spec, id);
+    samples.push_back({{"id", id}, {"tokens", s.tokens}, {"labels", s.labels}});
+  }
+  nlohmann::json j = {{"schema", "gradcert.dataset/1"}, {"ignore_index", kIgnoreIndex}, {"pad_token", kPadToken},
+                      {"samples", samples}};
+  write_file_atomic(dir + "/dataset.json", j.dump());
+  write_safetensors(dir + "/initial.safetensors", initial_params(spec), {{"schema", "gradcert.initial/1"}});
+}
+
+
+int severity(Verdict v) { return v == Verdict::Fail ? 2 : v == Verdict::Pass ? 1 : 0; }
+
+// Useful work per second from the manifest's step times and the plan's tokens (built-in
+// and external runs alike); the first update is warmup.
+void add_throughput(RunReport& report, const Plan& plan, const std::vector<BackendUpdate>& run) {
+  std::vector<TimedUpdate> updates;
+  for (size_t u = 0; u < run.size() && u < plan.windows.size(); ++u) {
+    TimedUpdate t;
+    t.seconds = run[u].step_seconds;
+    for (const auto& row : plan.windows[u].slots)
+      for (const auto& mb : row) {
+        t.input_tokens += mb.input_tokens;
+        t.valid_targets += mb.valid_targets;
+      }
+    updates.push_back(t);
+  }
+  report.throughput = measure_throughput(run_label(report), plan.world(), updates, /*warmup=*/1);
+  report.has_throughput = true;
+}
+
+// The memory checks and the throughput of a built-in backend run, from every rank's
+// rank<r>.memory.json (worker.cpp NOTE [memory probes]) and the manifest's step times.
+// memory.lower_bound holds each rank to the estimate for that rank (PP stages differ) and
+// reports the worst; the report's estimate is the rank that holds the most.
+void add_memory_and_throughput(RunReport& report, const Spec& spec, const Plan& plan, const std::string& dir,
+                               const std::vector<BackendUpdate>& run) {
+  const std::string label = run_label(report);
+  MemoryRunReport& m = report.memory;
+  m.backend = label;
+  m.world = plan.world();
+  m.budget_bytes = spec.memory.budget_bytes;
+  CheckResult lower;
+  double save_pause = -1;
+  for (int r = 0; r < plan.world(); ++r) {
+    const RankMemory rm = read_rank_memory(dir, r);
+    const MemoryEstimate e = estimate_for_run(spec, report.backend, r);
+    CheckResult c = check_memory_lower_bound(rm.model_state_bytes, e.model_state());
+    c.detail = "rank " + std::to_string(r) + ": " + c.detail;
+    if (r == 0 || severity(c.verdict) > severity(lower.verdict) ||
+        (c.verdict == lower.verdict && std::fabs(c.figure) > std::fabs(lower.figure)))
+      lower = c;
+    if (!m.has_estimate || e.model_state() > m.estimate.model_state()) {
+      m.has_estimate = true;
+      m.estimate = e;
+      m.measured_model_state_bytes = rm.model_state_bytes;
+    }
+    for (const auto& p : rm.peaks) {
+      m.peaks.push_back(p);
+      if (p.phase == "save" && p.bucket == "typical") save_pause = std::max(save_pause, p.seconds);
+    }
+  }
+  report.checks.push_back(lower);
+  report.checks.push_back(check_memory_budget(m.peaks, spec.memory.budget_bytes));
+  report.has_memory = true;
+
+  add_throughput(report, plan, run);
+  report.throughput.save_pause_seconds = save_pause;
+  for (const auto& p : m.peaks) report.throughput.peak_bytes = std::max(report.throughput.peak_bytes, p.peak_bytes);
+}
+
+}  // namespace
+
+RunReport run_backend(const RunRequest& req) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const Spec spec = effective_spec(req);
+  const Plan plan = make_plan(spec);
+  const int world = plan.world();
+  const bool external = req.backend == kExternalBackend;
+  if (external) {
+    if (req.command.empty()) throw std::invalid_argument("--backend external needs --command \"<launch command>\"");
+    if (!req.inject.empty()) throw std::invalid_argument("--inject applies to built-in backends only");
+  } else {
+    if (req.sampler_audit) throw std::invalid_argument("--sampler-audit applies to --backend external only");
+    auto backend = make_backend(req.backend);
+    backend->validate(plan, world, req.inject);
+    backend->validate_model(spec.model, plan);
+  }
+
+  RunReport report;
+  report.backend = req.backend;
+  report.topology = spec.topology;
+  report.dtype = dtype_name(spec.dtype);
+  report.optimizer = spec.optimizer.name;
+  report.inject = req.inject;
+  report.updates = static_cast<int>(plan.windows.size());
+  report.update_batch = plan.update_batch;
+  report.run_dir = req.run_dir;
+
+  fs::create_directories(req.run_dir);
+  write_file_atomic(req.run_dir + "/spec.json", spec_to_json(spec));
+  write_file_atomic(req.run_dir + "/plan.json", plan_to_json(plan, spec));
+
+  // NOTE [store] The harness serves the ranks' c10d TCPStore itself, on a port the kernel
+  // picks (port 0), for the life of the run: no rank has to win a race for a "free" port
+  // another run may take first, and no rank's death takes the store with it.
+  c10::intrusive_ptr<c10d::TCPStore> store;
+  if (!external && world > 1) {
+    c10d::TCPStoreOptions opts;
+    opts.port = 0;
+    opts.isServer = true;
+    opts.waitWorkers = false;
+    opts.timeout = std::chrono::milliseconds(static_cast<int64_t>(spec.timeout.collective_s * 1000));
+    store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", opts);
+  }
+  LaunchRequest launch_req;
+  launch_req.kind = req.launcher;
+  launch_req.world = world;
+  launch_req.argv = {req.exe, "worker", "--run-dir", req.run_dir, "--backend", req.backend,
+                     "--port", std::to_string(store ? store->getPort() : 0)};
+  if (!req.inject.empty()) launch_req.argv.insert(launch_req.argv.end(), {"--inject", req.inject});
+  if (external) {
+    // One launcher process runs the command; the stack starts its own ranks (e.g. torchrun).
+    write_external_inputs(spec, req.run_dir);
+    launch_req.kind = LauncherKind::Local;
+    launch_req.world = 1;
+    launch_req.argv = {"/bin/sh", "-c", req.command};
+    launch_req.env = {{"GRADCERT_RUN_DIR", req.run_dir},
+                      {"GRADCERT_PLAN", req.run_dir + "/plan.json"},
+                      {"GRADCERT_DATASET", req.run_dir + "/dataset.json"},
+                      {"GRADCERT_INIT", req.run_dir + "/initial.safetensors"},
+                      {"GRADCERT_OUT", req.run_dir},
+                      {"GRADCERT_NPROC", std::to_string(world)},
+                      {"GRADCERT_MASTER_PORT", std::to_string(free_local_port())},
+                      {"GRADCERT_SAMPLER", req.sampler_audit ? "own" : "plan"}};
+  }
+  launch_req.timeout = std::chrono::milliseconds(static_cast<int64_t>(spec.timeout.run_s * 1000));
+  launch_req.log_dir = req.run_dir;
+  const LaunchResult launched = launch(launch_req);
+
+  if (!launched.ok) {
+    report.error = launched.message;
+    if (external) {  // one launched process: the command, not a rank
+      for (auto [from, to] : {std::pair<std::string, std::string>{"rank 0 ", "the external command "},
+                              {"--- rank 0 log tail ---", "--- external command output (tail) ---"}})
+        if (auto at = report.error.find(from); at != std::string::npos) report.error.replace(at, from.size(), to);
+    }
+  } else {
+    try {
+      const TensorMap shapes = initial_params(spec);
+      const auto artifacts = read_run(req.run_dir, plan, world, shapes, spec.dtype);
+      // NOTE [sampler audit] The ledger and update size are checked against the plan (so a
+      // duplicated or dropped example is a finding); the gradients against a reference over
+      // the ids the stack really consumed (so the gradient math is judged on its own data).
+      const auto reference =
+          run_reference(spec, req.sampler_audit ? plan_from_consumed(spec, plan, artifacts) : plan);
+      report.checks = run_checks(plan, spec.dataset.size, reference, artifacts, spec.parity_tolerance());
+      if (external)
+        add_throughput(report, plan, artifacts);  // memory: the protocol has no memory file (v1)
+      else
+        add_memory_and_throughput(report, spec, plan, req.run_dir, artifacts);
+    } catch (const ArtifactError& e) {
+      report.error = std::string("bad artifacts: ") + e.what();
+    }
+  }
+  report.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return report;
+}
+
+std::string self_exe() {
+  std::error_code ec;
+  auto p = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string("gradcert") : p.string();
+}
+
+Environment make_environment(uint64_t seed, int world, LauncherKind launcher) {
+  Environment e;
+  e.torch = TORCH_VERSION;
+  e.device = "cpu";
+  e.world = world;
+  e.launcher = launcher == LauncherKind::Mpirun ? "mpirun" : "local";
+  e.seed = seed;
+  e.git = "unknown";
+  if (FILE* p = popen("git rev-parse --short=12 HEAD 2>/dev/null", "r")) {
+    std::array<char, 64> buf{};
+    if (fgets(buf.data(), buf.size(), p)) {
+      e.git = buf.data();
+      while (!e.git.empty() && (e.git.back() == '\n' || e.git.back() == '\r')) e.git.pop_back();
+    }
+    pclose(p);
+  }
+  std::array<char, 256> host{};
+  if (gethostname(host.data(), host.size() - 1) == 0) e.host = host.data();
+  std::time_t now = std::time(nullptr);
+  std::array<char, 32> ts{};
+  std::strftime(ts.data(), ts.size(), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  e.started = ts.data();
+  return e;
+}
+
+}  // namespace gradcert

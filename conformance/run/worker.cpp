@@ -1,0 +1,121 @@
+#include "conformance/run/worker.hpp"
+
+#include "backends/catalog.hpp"
+#include "conformance/memory/memory.hpp"
+#include "conformance/run/probes.hpp"
+
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <filesystem>
+#include <iostream>
+#include <thread>
+#include <unistd.h>
+
+#include "backends/runtime/strategy.hpp"
+#include "conformance/launch/launcher.hpp"
+#include "backends/runtime/alloc_tracker.hpp"
+#include "conformance/core/dataset.hpp"
+
+namespace gradcert {
+
+namespace {
+
+void maybe_fault(int rank, int update) {
+  const char* f = std::getenv("GRADCERT_FAULT");
+  if (!f) return;
+  char kind[16] = {0};
+  int r = -1, u = -1;
+  if (std::sscanf(f, "%15[a-z]:%d:%d", kind, &r, &u) != 3 || r != rank || u != update) return;
+  const std::string k = kind;
+  std::cerr << "gradcert rank " << rank << ": GRADCERT_FAULT " << f << " fired" << std::endl;
+  if (k == "kill") ::raise(SIGKILL);
+  if (k == "exit") std::_Exit(3);
+  if (k == "hang")
+    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+}
+
+// GRADCERT_FAULT="truncate:R:U": rank R cuts the last 8 bytes off u<U>.grads.safetensors.
+void maybe_corrupt(const std::string& dir, int rank, int update) {
+  const char* f = std::getenv("GRADCERT_FAULT");
+  int r = -1, u = -1;
+  if (!f || std::sscanf(f, "truncate:%d:%d", &r, &u) != 2 || r != rank || u != update) return;
+  const std::string path = dir + "/u" + std::to_string(update) + ".grads.safetensors";
+  std::filesystem::resize_file(path, std::filesystem::file_size(path) - 8);
+}
+
+// Every rank is a client of the store the harness serves (NOTE [store] in harness.cpp).
+c10::intrusive_ptr<c10d::Store> make_store(int world, int port, double timeout_s) {
+  c10d::TCPStoreOptions opts;
+  opts.port = static_cast<uint16_t>(port);
+  opts.isServer = false;
+  opts.numWorkers = world;
+  opts.waitWorkers = false;
+  opts.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+  return c10::make_intrusive<c10d::TCPStore>("127.0.0.1", opts);
+}
+
+}  // namespace
+
+int worker_main(const WorkerArgs& args) {
+  int rank = -1;
+  try {
+    auto [r, world] = rank_and_world_from_env();
+    rank = r;
+    torch::set_num_threads(1);
+    install_tracking_allocator();  // before any tensor, so every storage is counted
+    const Spec spec = load_spec(args.run_dir + "/spec.json");
+    const Plan plan = make_plan(spec);
+    auto backend = make_backend(args.backend);
+    backend->validate(plan, world, args.inject);
+    backend->validate_model(spec.model, plan);
+
+    RankContext ctx;
+    ctx.spec = &spec;
+    ctx.plan = &plan;
+    ctx.rank = rank;
+    ctx.world = world;
+    ctx.inject = args.inject;
+    if (world > 1) make_process_groups(ctx, make_store(world, args.store_port, spec.timeout.collective_s));
+    backend->setup(ctx);
+
+    std::vector<RankUpdateRecord> records;
+    std::vector<ManifestUpdate> manifest;
+    for (const auto& w : plan.windows) {
+      maybe_fault(rank, w.update);
+      ctx.untimed_seconds = 0;
+      const auto t0 = std::chrono::steady_clock::now();
+      RankUpdate u = backend->run_update(ctx, w.update);
+      const double secs =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() - ctx.untimed_seconds;
+      records.push_back(u.record);
+      if (rank == 0) {
+        write_update_tensors(args.run_dir, w.update, u.grads, u.params_after);
+        manifest.push_back({w.update, u.loss, u.valid_targets, secs});
+      }
+      maybe_corrupt(args.run_dir, rank, w.update);
+    }
+    write_rank_record(args.run_dir, rank, plan.dp_rank_of(rank), records);
+    if (rank == 0) write_manifest(args.run_dir, args.backend, world, manifest);
+
+    RankMemory memory;
+    memory.rank = rank;
+    measure_model_state(*backend, memory);
+    backend.reset();  // the planned run's state is freed before the probes load theirs
+    measure_buckets(ctx, args.backend, args.run_dir, memory);
+    memory.process_high_water_bytes = process_high_water_bytes();
+    write_rank_memory(args.run_dir, memory);
+    if (ctx.pg) {
+      // Every rank's files are written before any rank leaves.
+      ctx.pg->barrier()->wait();
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << "gradcert rank " << rank << ": error: " << e.what() << std::endl;
+    return 2;
+  }
+}
+
+}  // namespace gradcert

@@ -1,0 +1,285 @@
+// Tests for the local and mpirun launchers, using /bin/sh scripts as ranks.
+#include "conformance/launch/launcher.hpp"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+namespace gradcert {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+std::string fresh_dir(const std::string& name) {
+  std::string tmpl = (fs::temp_directory_path() / ("gradcert_launcher_" + name + "_XXXXXX")).string();
+  char* made = mkdtemp(tmpl.data());
+  if (!made) throw std::runtime_error("mkdtemp failed");
+  return std::string(made) + "/logs/nested";  // launch must create it
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+LaunchRequest sh_request(int world, const std::string& script, const std::string& name) {
+  LaunchRequest req;
+  req.world = world;
+  req.argv = {"/bin/sh", "-c", script};
+  req.log_dir = fresh_dir(name);
+  req.timeout = std::chrono::seconds(20);
+  return req;
+}
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+// Saves and restores the rank variables around a test.
+class EnvGuard {
+ public:
+  EnvGuard() {
+    for (const char* k : kVars) {
+      const char* v = std::getenv(k);
+      saved_.emplace_back(k, v ? std::optional<std::string>(v) : std::nullopt);
+      unsetenv(k);
+    }
+  }
+  ~EnvGuard() {
+    for (auto& [k, v] : saved_) {
+      if (v) setenv(k.c_str(), v->c_str(), 1);
+      else unsetenv(k.c_str());
+    }
+  }
+
+ private:
+  static constexpr const char* kVars[] = {"GRADCERT_RANK", "GRADCERT_WORLD", "OMPI_COMM_WORLD_RANK",
+                                          "OMPI_COMM_WORLD_SIZE"};
+  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
+};
+
+bool mpirun_on_path() { return std::system("command -v mpirun >/dev/null 2>&1") == 0; }
+
+TEST(Launcher, AllRanksExitZero) {
+  auto req = sh_request(3, "echo rank=$GRADCERT_RANK world=$GRADCERT_WORLD extra=$EXTRA", "ok");
+  req.env["EXTRA"] = "hello";
+  LaunchResult res = launch(req);
+  EXPECT_TRUE(res.ok) << res.message;
+  EXPECT_FALSE(res.timed_out);
+  EXPECT_EQ(res.first_failed_rank, -1);
+  ASSERT_EQ(res.ranks.size(), 3u);
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_TRUE(res.ranks[r].exited);
+    EXPECT_EQ(res.ranks[r].code, 0);
+    EXPECT_FALSE(res.ranks[r].killed_by_launcher);
+    std::string log = slurp(req.log_dir + "/rank" + std::to_string(r) + ".log");
+    EXPECT_TRUE(contains(log, "rank=" + std::to_string(r) + " world=3 extra=hello")) << log;
+  }
+}
+
+TEST(Launcher, KilledRankStopsTheOthers) {
+  auto req = sh_request(2, "if [ $GRADCERT_RANK = 1 ]; then sleep 0.3; kill -9 $$; fi; sleep 60", "kill");
+  auto t0 = Clock::now();
+  LaunchResult res = launch(req);
+  double wall = seconds_since(t0);
+  std::printf("[ wall ] kill test: %.2f s\n", wall);
+  EXPECT_FALSE(res.ok);
+  EXPECT_FALSE(res.timed_out);
+  EXPECT_LT(wall, 3.0);
+  EXPECT_EQ(res.first_failed_rank, 1);
+  EXPECT_TRUE(contains(res.message, "rank 1")) << res.message;
+  EXPECT_TRUE(contains(res.message, "SIGKILL")) << res.message;
+  EXPECT_TRUE(contains(res.message, "rank 0 still running (stopped by the launcher)")) << res.message;
+  ASSERT_EQ(res.ranks.size(), 2u);
+  EXPECT_EQ(res.ranks[1].signal, 9);
+  EXPECT_FALSE(res.ranks[1].killed_by_launcher);
+  EXPECT_TRUE(res.ranks[0].killed_by_launcher);
+}
+
+TEST(Launcher, ExitCodeAndLogTailInMessage) {
+  auto req = sh_request(2,
+                        "if [ $GRADCERT_RANK = 0 ]; then echo first line; echo 'bad thing happened' >&2; "
+                        "exit 3; fi; sleep 60",
+                        "code");
+  auto t0 = Clock::now();
+  LaunchResult res = launch(req);
+  std::printf("[ wall ] exit-code test: %.2f s\n", seconds_since(t0));
+  EXPECT_FALSE(res.ok);
+  EXPECT_EQ(res.first_failed_rank, 0);
+  EXPECT_TRUE(contains(res.message, "rank 0")) << res.message;
+  EXPECT_TRUE(contains(res.message, "code 3")) << res.message;
+  EXPECT_TRUE(contains(res.message, "--- rank 0 log tail ---")) << res.message;
+  EXPECT_TRUE(contains(res.message, "bad thing happened")) << res.message;
+  EXPECT_EQ(res.message.find('\n'), res.message.find("\n--- rank 0 log tail")) << res.message;
+  ASSERT_EQ(res.ranks.size(), 2u);
+  EXPECT_TRUE(res.ranks[0].exited);
+  EXPECT_EQ(res.ranks[0].code, 3);
+  EXPECT_TRUE(res.ranks[1].killed_by_launcher);
+}
+
+TEST(Launcher, TimeoutStopsAllRanks) {
+  auto req = sh_request(2, "sleep 60", "timeout");
+  req.timeout = std::chrono::milliseconds(500);
+  auto t0 = Clock::now();
+  LaunchResult res = launch(req);
+  double wall = seconds_since(t0);
+  std::printf("[ wall ] timeout test: %.2f s\n", wall);
+  EXPECT_FALSE(res.ok);
+  EXPECT_TRUE(res.timed_out);
+  EXPECT_LT(wall, 5.0);
+  EXPECT_TRUE(contains(res.message, "timeout")) << res.message;
+  EXPECT_TRUE(contains(res.message, "ranks 0, 1 still running")) << res.message;
+  ASSERT_EQ(res.ranks.size(), 2u);
+  EXPECT_TRUE(res.ranks[0].killed_by_launcher);
+  EXPECT_TRUE(res.ranks[1].killed_by_launcher);
+}
+
+TEST(Launcher, TimeoutKillsRanksIgnoringSigterm) {
+  auto req = sh_request(1, "trap '' TERM; while :; do sleep 0.05; done", "ignore_term");
+  req.timeout = std::chrono::milliseconds(300);
+  auto t0 = Clock::now();
+  LaunchResult res = launch(req);
+  double wall = seconds_since(t0);
+  std::printf("[ wall ] SIGTERM-ignoring timeout test: %.2f s\n", wall);
+  EXPECT_TRUE(res.timed_out);
+  EXPECT_LT(wall, 4.0);
+  ASSERT_EQ(res.ranks.size(), 1u);
+  EXPECT_EQ(res.ranks[0].signal, 9);
+}
+
+TEST(Launcher, MissingExecutableReportsExit127) {
+  LaunchRequest req;
+  req.world = 1;
+  req.argv = {"/nonexistent/gradcert_no_such_binary"};
+  req.log_dir = fresh_dir("noexec");
+  LaunchResult res = launch(req);
+  EXPECT_FALSE(res.ok);
+  EXPECT_EQ(res.first_failed_rank, 0);
+  EXPECT_TRUE(contains(res.message, "code 127")) << res.message;
+  EXPECT_TRUE(contains(res.message, "gradcert_no_such_binary")) << res.message;
+}
+
+TEST(Launcher, RankAndWorldFromEnv) {
+  EnvGuard guard;
+  EXPECT_THROW(rank_and_world_from_env(), std::runtime_error);
+  try {
+    rank_and_world_from_env();
+  } catch (const std::runtime_error& e) {
+    EXPECT_TRUE(contains(e.what(), "GRADCERT_RANK")) << e.what();
+  }
+
+  setenv("GRADCERT_RANK", "1", 1);
+  setenv("GRADCERT_WORLD", "4", 1);
+  EXPECT_EQ(rank_and_world_from_env(), std::make_pair(1, 4));
+
+  // GRADCERT_* wins over OMPI_*.
+  setenv("OMPI_COMM_WORLD_RANK", "2", 1);
+  setenv("OMPI_COMM_WORLD_SIZE", "3", 1);
+  EXPECT_EQ(rank_and_world_from_env(), std::make_pair(1, 4));
+  unsetenv("GRADCERT_RANK");
+  unsetenv("GRADCERT_WORLD");
+  EXPECT_EQ(rank_and_world_from_env(), std::make_pair(2, 3));
+  unsetenv("OMPI_COMM_WORLD_RANK");
+  unsetenv("OMPI_COMM_WORLD_SIZE");
+
+  auto expect_error = [](const char* rank, const char* world, const std::string& needle) {
+    setenv("GRADCERT_RANK", rank, 1);
+    if (world) setenv("GRADCERT_WORLD", world, 1);
+    else unsetenv("GRADCERT_WORLD");
+    try {
+      auto rw = rank_and_world_from_env();
+      ADD_FAILURE() << "no error for rank=" << rank << " world=" << (world ? world : "(unset)")
+                    << ", got " << rw.first << "/" << rw.second;
+    } catch (const std::runtime_error& e) {
+      EXPECT_TRUE(contains(e.what(), needle)) << e.what();
+    }
+  };
+  expect_error("abc", "2", "GRADCERT_RANK='abc'");
+  expect_error("1x", "2", "GRADCERT_RANK='1x'");
+  expect_error("", "2", "GRADCERT_RANK=''");
+  expect_error(" 1", "2", "GRADCERT_RANK=' 1'");
+  expect_error("0", "two", "GRADCERT_WORLD='two'");
+  expect_error("-1", "2", "GRADCERT_RANK=-1");
+  expect_error("2", "2", "GRADCERT_RANK=2");
+  expect_error("0", "0", "GRADCERT_WORLD=0");
+  expect_error("0", nullptr, "GRADCERT_WORLD");
+  expect_error("99999999999", "2", "GRADCERT_RANK='99999999999'");
+
+  unsetenv("GRADCERT_RANK");
+  unsetenv("GRADCERT_WORLD");
+  setenv("OMPI_COMM_WORLD_RANK", "5", 1);
+  setenv("OMPI_COMM_WORLD_SIZE", "2", 1);
+  try {
+    rank_and_world_from_env();
+    ADD_FAILURE() << "no error for OMPI rank 5 of 2";
+  } catch (const std::runtime_error& e) {
+    EXPECT_TRUE(contains(e.what(), "OMPI_COMM_WORLD_RANK=5")) << e.what();
+  }
+}
+
+TEST(Launcher, FreeLocalPort) {
+  int port = free_local_port();
+  EXPECT_GT(port, 0);
+  EXPECT_LT(port, 65536);
+}
+
+TEST(Launcher, FileTail) {
+  std::string dir = fresh_dir("tail");
+  fs::create_directories(dir);
+  std::string path = dir + "/f.txt";
+  {
+    std::ofstream out(path);
+    for (int i = 1; i <= 30; ++i) out << "line " << i << "\n";
+  }
+  std::string tail = file_tail(path, 3);
+  EXPECT_EQ(tail, "line 28\nline 29\nline 30\n");
+  EXPECT_EQ(file_tail(path, 100).substr(0, 7), "line 1\n");
+  EXPECT_EQ(file_tail(dir + "/missing.txt"), "");
+  EXPECT_EQ(file_tail(path, 0), "");
+}
+
+TEST(Launcher, MpirunAllRanksOk) {
+  if (!mpirun_on_path()) GTEST_SKIP() << "mpirun is not on PATH";
+  auto req = sh_request(2, "echo r=$OMPI_COMM_WORLD_RANK w=$GRADCERT_WORLD x=$EXTRA", "mpi_ok");
+  req.kind = LauncherKind::Mpirun;
+  req.env["EXTRA"] = "yes";
+  LaunchResult res = launch(req);
+  EXPECT_TRUE(res.ok) << res.message;
+  std::string log = slurp(req.log_dir + "/mpirun.log");
+  EXPECT_TRUE(contains(log, "r=0 w=2 x=yes")) << log;
+  EXPECT_TRUE(contains(log, "r=1 w=2 x=yes")) << log;
+}
+
+TEST(Launcher, MpirunNamesFailingRank) {
+  if (!mpirun_on_path()) GTEST_SKIP() << "mpirun is not on PATH";
+  auto req = sh_request(2,
+                        "if [ $OMPI_COMM_WORLD_RANK = 1 ]; then echo \"gradcert rank 1: boom\" >&2; "
+                        "exit 2; fi; sleep 30",
+                        "mpi_fail");
+  req.kind = LauncherKind::Mpirun;
+  auto t0 = Clock::now();
+  LaunchResult res = launch(req);
+  double wall = seconds_since(t0);
+  std::printf("[ wall ] mpirun failure test: %.2f s\n", wall);
+  EXPECT_FALSE(res.ok);
+  EXPECT_FALSE(res.timed_out) << res.message;
+  EXPECT_LT(wall, 20.0);
+  EXPECT_EQ(res.first_failed_rank, 1) << res.message;
+  EXPECT_TRUE(contains(res.message, "rank 1")) << res.message;
+  EXPECT_TRUE(contains(res.message, "gradcert rank 1: boom")) << res.message;
+}
+
+}  // namespace
+}  // namespace gradcert

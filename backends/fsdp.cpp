@@ -7,6 +7,7 @@
 
 #include "backends/runtime/flat.hpp"
 #include "backends/runtime/replica.hpp"
+#include "conformance/layout/layout.hpp"
 
 namespace gradcert {
 
@@ -22,12 +23,6 @@ struct Unit {
   OptimizerSlot slot;
   torch::Tensor stale;      ///< stale-gathered-params: the first gather, reused forever
 };
-
-std::string unit_of(const std::string& param) {
-  if (param.rfind("blocks.", 0) == 0) return param.substr(0, param.find('.', 7));
-  if (param.rfind("wte", 0) == 0 || param.rfind("wpe", 0) == 0) return "embed";
-  return "head";
-}
 
 }  // namespace
 
@@ -46,7 +41,7 @@ class FsdpBackend : public Backend {
     const auto master_type = ctx.spec->dtype == DType::BFloat16 ? torch::kFloat32 : scalar_type(ctx.spec->dtype);
     std::map<std::string, Unit*> by_name;
     for (auto& p : model_->named_parameters()) {
-      const std::string u = unit_of(p.key());
+      const std::string u = fsdp_unit_of(p.key());
       if (!by_name.count(u)) {
         units_.push_back(std::make_unique<Unit>());
         units_.back()->name = u;

@@ -6,8 +6,11 @@
 // it is PP x DP: each stage's gradients are averaged over its DP group. Stages of a replica
 // consume the same examples; shapes are known to both ends from the plan, so an empty
 // microbatch is skipped by both.
+#include <tuple>
+
 #include "backends/runtime/flat.hpp"
 #include "backends/runtime/replica.hpp"
+#include "conformance/layout/layout.hpp"
 
 namespace gradcert {
 
@@ -27,10 +30,8 @@ class PpBackend : public Backend {
   void setup(RankContext& ctx) override {
     const Plan& plan = *ctx.plan;
     me_ = coords_of(plan, ctx.rank);
-    const int L = ctx.spec->model.layers, P = plan.pp;
-    first_block_ = me_.pp * L / P;
-    end_block_ = (me_.pp + 1) * L / P;
-    last_stage_ = me_.pp == P - 1;
+    std::tie(first_block_, end_block_) = stage_blocks(ctx.spec->model.layers, plan.pp, me_.pp);
+    last_stage_ = me_.pp == plan.pp - 1;
     const TensorMap init = initial_params(*ctx.spec);
     layout_ = FlatLayout::of(init);
     model_ = make_model(ctx.spec->model, init, scalar_type(ctx.spec->dtype));

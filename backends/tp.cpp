@@ -6,6 +6,7 @@
 // averaged over the DP group. TP ranks of a replica consume the same examples.
 #include "backends/runtime/flat.hpp"
 #include "backends/runtime/replica.hpp"
+#include "conformance/layout/layout.hpp"
 
 #include <torch/csrc/distributed/c10d/Types.hpp>
 
@@ -42,32 +43,26 @@ struct ReduceFromTp : torch::autograd::Function<ReduceFromTp> {
 // The (canonical slice, local tensor) pairs of one parameter on TP rank t.
 std::vector<std::pair<torch::Tensor, torch::Tensor>> tp_pieces(const std::string& name, const torch::Tensor& canonical,
                                                                const torch::Tensor& local, int tp, int t) {
-  auto ends = [&](const std::string& suffix) {
-    return name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
-  };
-  if (ends(".qkv.weight")) {
+  const TpSplit split = tp_split_of(name);
+  if (split == TpSplit::ColumnQkv) {
     const int64_t d = canonical.size(1), dl = d / tp;
     std::vector<std::pair<torch::Tensor, torch::Tensor>> out;
     for (int64_t j = 0; j < 3; ++j)
       out.emplace_back(canonical.narrow(0, j * d + t * dl, dl), local.narrow(0, j * dl, dl));
     return out;
   }
-  if (ends(".proj.weight") || ends(".fc_out.weight")) {
+  if (split == TpSplit::Row) {
     const int64_t n = canonical.size(1) / tp;
     return {{canonical.narrow(1, t * n, n), local}};
   }
-  if (ends(".fc.weight") || ends(".fc.bias")) {
+  if (split == TpSplit::Column) {
     const int64_t n = canonical.size(0) / tp;
     return {{canonical.narrow(0, t * n, n), local}};
   }
   return {{canonical, local}};  // replicated
 }
 
-bool tp_sharded(const std::string& name) {
-  for (const char* s : {".qkv.weight", ".proj.weight", ".fc_out.weight", ".fc.weight", ".fc.bias"})
-    if (name.size() > std::strlen(s) && name.compare(name.size() - std::strlen(s), std::strlen(s), s) == 0) return true;
-  return false;
-}
+bool tp_sharded(const std::string& name) { return tp_split_of(name) != TpSplit::Replicated; }
 
 // A linear layer's local weight (and bias) without a forward of its own: the TP block
 // decides where the all-reduce and the bias go.

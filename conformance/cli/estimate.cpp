@@ -6,6 +6,9 @@
 #include <iostream>
 #include <memory>
 #include <stdexcept>
+#include <utility>
+
+#include "conformance/core/plan.hpp"
 
 namespace gradcert {
 
@@ -20,25 +23,36 @@ int64_t count(double x, const char* option) {
 }  // namespace
 
 MemoryEstimate make_estimate(const EstimateOptions& o) {
-  EstimateInput in;
-  int world = 1, tp = 1, pp = 1;
+  for (auto [v, name] : {std::pair{o.world, "--world"}, {o.tp, "--tp"}, {o.pp, "--pp"}})
+    if (v < 0) throw std::invalid_argument(std::string(name) + ": must be a positive count, got " + std::to_string(v));
   if (!o.model.empty()) {
-    const Spec spec = load_spec(o.model);
-    const TinyLMCounts c = tiny_lm_counts(spec.model);
-    in.params = c.total;
-    in.layer_params = c.blocks;
-    in.largest_unit_params = c.largest_unit();
-    in.recipe = recipe_for_run(spec.dtype, spec.optimizer);
-    world = spec.topology.world();
-    tp = spec.topology.tp;
-    pp = spec.topology.pp;
+    // The spec's own model, recipe and topology: exactly the bound memory.lower_bound holds a
+    // built-in run of this spec to (estimate_for_run), for the rank that holds the most.
+    Spec spec = load_spec(o.model);
+    auto& t = spec.topology;
+    if (o.world > 0) t.tp = 1, t.pp = 1;
+    if (o.tp > 0) t.tp = o.tp;
+    if (o.pp > 0) t.pp = o.pp;
+    if (o.world > 0) t.dp = data_parallel_degree(o.world, t.tp, t.pp);
+    const std::string strategy = o.strategy.empty() ? (t.world() == 1 ? "single" : "ddp") : o.strategy;
+    (void)parse_sharding(strategy);  // names the known strategies on a typo
+    MemoryEstimate e = estimate_for_heaviest_rank(spec, strategy);
+    if (o.params > 0 || !o.recipe.empty() || o.trainable >= 0 || o.unit >= 0 || o.layer_params >= 0) {
+      EstimateInput in = e.input;
+      if (o.params > 0) in.params = count(o.params, "--params");
+      if (!o.recipe.empty()) in.recipe = recipe_by_name(o.recipe);
+      if (o.trainable >= 0) in.trainable = count(o.trainable, "--trainable");
+      if (o.unit >= 0) in.largest_unit_params = count(o.unit, "--unit");
+      if (o.layer_params >= 0) in.layer_params = count(o.layer_params, "--layer-params");
+      e = estimate_memory(in);
+    }
+    return e;
   }
-  if (o.params > 0) in.params = count(o.params, "--params");
-  if (in.params <= 0) throw std::invalid_argument("--params or --model is required");
+  EstimateInput in;
+  int world = o.world > 0 ? o.world : 1, tp = o.tp > 0 ? o.tp : 1, pp = o.pp > 0 ? o.pp : 1;
+  if (!(o.params > 0)) throw std::invalid_argument("--params: must be a positive parameter count (or give --model SPEC.json)");
+  in.params = count(o.params, "--params");
   if (!o.recipe.empty()) in.recipe = recipe_by_name(o.recipe);
-  if (o.world > 0) world = o.world, tp = 1, pp = 1;
-  if (o.tp > 0) tp = o.tp;
-  if (o.pp > 0) pp = o.pp;
   in.world = world;
   in.tp = tp;
   in.pp = pp;

@@ -252,25 +252,19 @@ Recipe recipe_for_strategy(Sharding strategy, DType dtype, const OptimizerSpec& 
 
 MemoryEstimate estimate_for_run(const Spec& spec, const std::string& backend, int rank) {
   const Sharding strategy = parse_sharding(backend);
-  const TinyLMCounts c = tiny_lm_counts(spec.model);
-  const auto& t = spec.topology;
-  EstimateInput in;
-  in.params = c.total;
+  EstimateInput in = tiny_lm_estimate_input(spec, strategy, rank);
   in.recipe = recipe_for_strategy(strategy, spec.dtype, spec.optimizer);
-  in.strategy = strategy;
-  in.world = t.world();
-  in.tp = t.tp;
-  in.pp = t.pp;
-  in.layer_params = c.block_tp_split * c.layers;
-  // zero3 gathers the whole model at once; fsdp's units are the embeddings, each block and the head.
-  in.largest_unit_params = strategy == Sharding::ZeRO3
-                               ? c.total
-                               : std::max({c.block, c.embeddings, c.final_norm + c.head});
-  if (t.pp > 1) in.stage_params = c.stage(t.pp, (rank / t.tp) % t.pp);
   return estimate_memory(in);
 }
 
-
+MemoryEstimate estimate_for_heaviest_rank(const Spec& spec, const std::string& backend) {
+  MemoryEstimate best = estimate_for_run(spec, backend, 0);
+  for (int r = 1; r < spec.topology.world(); ++r) {
+    MemoryEstimate e = estimate_for_run(spec, backend, r);
+    if (e.model_state() > best.model_state()) best = std::move(e);
+  }
+  return best;
+}
 
 std::string bucket_name(LengthBucket b) {
   switch (b) {

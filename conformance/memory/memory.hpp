@@ -44,6 +44,8 @@ Recipe recipe_for_strategy(Sharding strategy, DType dtype, const OptimizerSpec& 
 /// backends/tp.cpp splits, PP counts the rank's own stage. Throws std::invalid_argument for
 /// a backend that is not a built-in strategy.
 MemoryEstimate estimate_for_run(const Spec& spec, const std::string& backend, int rank);
+/// The estimate_for_run of the rank that holds the most (what a report's estimate shows).
+MemoryEstimate estimate_for_heaviest_rank(const Spec& spec, const std::string& backend);
 
 /// "short" | "typical" | "long".
 std::string bucket_name(LengthBucket b);

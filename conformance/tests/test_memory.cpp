@@ -15,6 +15,7 @@
 #include "backends/runtime/alloc_tracker.hpp"
 #include "conformance/checks/checks.hpp"
 #include "conformance/cli/estimate.hpp"
+#include "conformance/layout/layout.hpp"
 #include "conformance/memory/memory.hpp"
 #include "backends/catalog.hpp"
 #include "conformance/run/probes.hpp"
@@ -159,8 +160,12 @@ TEST(MemoryEstimate, CliRejectsBadInputWithExitTwo) {
   EXPECT_NE(run_cli("estimate --params 1e6 --world 3 --tp 2", code).find("not a multiple of tp x pp"),
             std::string::npos);
   EXPECT_EQ(code, 2);
-  EXPECT_NE(run_cli("estimate", code).find("--params or --model is required"), std::string::npos);
-  EXPECT_EQ(code, 2);
+  for (const char* bad : {"", " --params -5", " --params nan", " --params 0"}) {
+    EXPECT_NE(run_cli(std::string("estimate") + bad, code).find("--params: must be a positive parameter count"),
+              std::string::npos)
+        << bad;
+    EXPECT_EQ(code, 2);
+  }
 }
 
 TEST(MemoryEstimate, CliCountsTheSpecModel) {
@@ -172,14 +177,15 @@ TEST(MemoryEstimate, CliCountsTheSpecModel) {
   std::filesystem::remove(path);
   EXPECT_EQ(code, 0) << out;
   // 5792 params, float32 AdamW = 4 + 4 + 8 = 16 B/param, the spec's world 2 (dp 2), ZeRO-3:
-  // ceil(5792 / 2) = 2896 params per rank x 16 B = 46336 B, plus the largest unit (a block,
-  // 2176 params) x (4 + 4) B = 17408 B.
+  // ceil(5792 / 2) = 2896 params per rank x 16 B = 46336 B, plus what the built-in zero3
+  // gathers at once (the whole model, 5792 params: the rule memory.lower_bound holds a run
+  // to) x (4 + 4) B = 46336 B.
   EXPECT_NE(out.find("recipe float32-adamw: 4 (fp32 weights) + 4 (fp32 grads) + 8 (two fp32 moments) = 16"),
             std::string::npos)
       << out;
   EXPECT_NE(out.find("(46336 B)"), std::string::npos) << out;
-  EXPECT_NE(out.find("gathered unit: 2176 params x 8 B"), std::string::npos) << out;
-  EXPECT_NE(out.find("(63744 B)"), std::string::npos) << out;
+  EXPECT_NE(out.find("gathered unit: 5792 params x 8 B"), std::string::npos) << out;
+  EXPECT_NE(out.find("(92672 B)"), std::string::npos) << out;
 }
 
 TEST(MemoryEstimate, EveryNamedRecipe) {
@@ -317,13 +323,22 @@ TEST(MemoryEstimate, TinyLMCountMatchesTheTorchModel) {
       total += p.value().numel();
       if (p.key().rfind("blocks.", 0) == 0) blocks += p.value().numel();
     }
+    // The layout (conformance/layout) is the one source of names, shapes and places: it
+    // lists exactly the model's parameters, in the model's order.
+    const auto layout = tiny_lm_layout(m);
+    const auto named = model->named_parameters();
+    ASSERT_EQ(layout.size(), named.size());
+    for (size_t i = 0; i < layout.size(); ++i) {
+      EXPECT_EQ(layout[i].name, named[i].key());
+      EXPECT_EQ(layout[i].shape, named[i].value().sizes().vec()) << layout[i].name;
+    }
     const auto c = tiny_lm_counts(m);
     EXPECT_EQ(c.total, total);
     EXPECT_EQ(c.blocks, blocks);
     EXPECT_EQ(c.block * m.layers, blocks);
   }
   EXPECT_EQ(tiny_lm_counts(ModelSpec{}).total, 5792);
-  EXPECT_EQ(tiny_lm_counts(ModelSpec{}).largest_unit(), 2176);  // a block (the root holds 1440)
+  EXPECT_EQ(tiny_lm_counts(ModelSpec{}).largest_fsdp_unit, 2176);  // a block (embed 896, head 544)
 }
 
 TEST(MemoryEstimate, Formatting) {
@@ -641,4 +656,36 @@ TEST(MemoryReport, JsonAndMarkdownSections) {
   const std::string tmd = throughput_markdown({t});
   EXPECT_NE(tmd.find("## Throughput"), std::string::npos);
   EXPECT_NE(tmd.find("GPU-hours ratio"), std::string::npos);
+}
+
+// `gradcert estimate --model spec.json --strategy S` prints exactly the bound memory.lower_bound
+// holds a built-in run of that spec to (the rank that holds the most), for every strategy:
+// both take their counts from conformance/layout (tiny_lm_estimate_input).
+TEST(MemoryEstimate, CliModelEqualsTheLowerBoundOfEveryStrategy) {
+  const auto dir = std::filesystem::temp_directory_path() / ("gradcert_est_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  struct Case {
+    std::string strategy;
+    int world, tp, pp;
+  };
+  const Case cases[] = {{"single", 1, 1, 1}, {"ddp", 2, 1, 1}, {"zero1", 2, 1, 1}, {"zero2", 2, 1, 1},
+                        {"zero3", 2, 1, 1},  {"fsdp", 3, 1, 1}, {"tp", 2, 2, 1},   {"tp", 4, 2, 1},
+                        {"pp", 2, 1, 2},     {"pp", 4, 1, 2}};
+  for (const auto& [dtype, optimizer] : {std::pair{DType::Float64, "sgd"}, {DType::BFloat16, "adamw"}})
+    for (const auto& c : cases) {
+      Spec spec = spec_with(dtype, optimizer);
+      spec.model.layers = 3;  // uneven pipeline stages
+      spec.topology = {c.world / (c.tp * c.pp), c.tp, c.pp};
+      const std::string file = (dir / "spec.json").string();
+      std::ofstream(file) << spec_to_json(spec);
+      EstimateOptions o;
+      o.model = file;
+      o.strategy = c.strategy;
+      const MemoryEstimate cli = make_estimate(o);
+      int64_t bound = 0;
+      for (int r = 0; r < c.world; ++r) bound = std::max(bound, estimate_for_run(spec, c.strategy, r).model_state());
+      EXPECT_EQ(cli.model_state(), bound) << c.strategy << " world " << c.world << " " << dtype_name(dtype);
+      EXPECT_EQ(cli.input.recipe.name, recipe_for_strategy(parse_sharding(c.strategy), dtype, spec.optimizer).name);
+    }
+  std::filesystem::remove_all(dir);
 }

@@ -1,5 +1,6 @@
 // ddp: a full replica per rank; each backpropagates D*S_{r,a}/N per microstep, and the
 // summed gradients are averaged over ranks once per window (no sync on earlier microsteps).
+#include "backends/catalog.hpp"
 #include "backends/runtime/replica.hpp"
 
 namespace gradcert {
@@ -7,9 +8,9 @@ namespace gradcert {
 class DdpBackend : public Backend {
  public:
   std::string name() const override { return "ddp"; }
-  void validate(const Plan& plan, int world, const std::string& inject) const override {
+  void validate(const Plan& plan, int world, Mutant mutant) const override {
     if (plan.tp != 1 || plan.pp != 1) throw std::invalid_argument("backend ddp needs TP = PP = 1");
-    Backend::validate(plan, world, inject);
+    Backend::validate(plan, world, mutant);
   }
   void setup(RankContext& ctx) override { state_.setup(ctx); }
   NamedTensors state_tensors() override { return state_.state_tensors(); }
@@ -25,6 +26,13 @@ class DdpBackend : public Backend {
   ReplicaState state_;
 };
 
-std::unique_ptr<Backend> make_ddp_backend() { return std::make_unique<DdpBackend>(); }
+const StrategyInfo& ddp_strategy() {
+  static const StrategyInfo info{"ddp", Sharding::DDP,
+                                 /*traits: data_parallel, final_allreduce, reduce_scatter, gathers_params, tp*/ {true, true, false, false, false},
+                                 "one flat all-reduce per window (divide by D, then SUM)",
+                                 "accumulates locally, one reduction after microstep A-1",
+                                 {2, 1, 1}, std::vector<CertifyTopology>{{3, 1, 1}}, 0, [] { std::unique_ptr<Backend> b = std::make_unique<DdpBackend>(); return b; }};
+  return info;
+}
 
 }  // namespace gradcert

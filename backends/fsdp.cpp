@@ -5,6 +5,7 @@
 // forward from its saved input (the gathered weights are not kept between passes).
 #include <algorithm>
 
+#include "backends/catalog.hpp"
 #include "backends/runtime/flat.hpp"
 #include "backends/runtime/replica.hpp"
 #include "conformance/layout/layout.hpp"
@@ -29,9 +30,9 @@ struct Unit {
 class FsdpBackend : public Backend {
  public:
   std::string name() const override { return "fsdp"; }
-  void validate(const Plan& plan, int world, const std::string& inject) const override {
+  void validate(const Plan& plan, int world, Mutant mutant) const override {
     if (plan.tp != 1 || plan.pp != 1) throw std::invalid_argument("backend fsdp needs TP = PP = 1");
-    Backend::validate(plan, world, inject);
+    Backend::validate(plan, world, mutant);
   }
 
   void setup(RankContext& ctx) override {
@@ -167,11 +168,11 @@ class FsdpBackend : public Backend {
   void gather(RankContext& ctx, Unit& u, int update) {
     torch::NoGradGuard ng;
     torch::Tensor full;
-    if (ctx.inject == "stale-gathered-params" && u.stale.defined() && update > 0) {
+    if (ctx.mutant == Mutant::StaleGatheredParams && u.stale.defined() && update > 0) {
       full = u.stale;  // NOTE [stale-gathered-params]: no all-gather, last update's weights
     } else {
       full = u.shard->all_gather(ctx, u.weights);
-      if (ctx.inject == "stale-gathered-params" && (!u.stale.defined() || update == 0)) u.stale = full;
+      if (ctx.mutant == Mutant::StaleGatheredParams && (!u.stale.defined() || update == 0)) u.stale = full;
     }
     for (auto& [name, t] : u.params) {
       const auto& e = layout_.at(name);
@@ -184,7 +185,7 @@ class FsdpBackend : public Backend {
     std::vector<torch::Tensor> parts;
     for (auto& [name, t] : u.params) parts.push_back(t.grad().reshape({-1}));
     const double dp = ctx.plan->dp;
-    const double divisor = ctx.inject == "shard-divide-factor" ? dp * dp : dp;
+    const double divisor = ctx.mutant == Mutant::ShardDivideFactor ? dp * dp : dp;
     u.grad_shard.add_(u.shard->reduce_scatter(ctx, torch::cat(parts), divisor).to(u.grad_shard.scalar_type()));
   }
 
@@ -201,6 +202,13 @@ class FsdpBackend : public Backend {
   int64_t last_full_targets_ = -1;
 };
 
-std::unique_ptr<Backend> make_fsdp_backend() { return std::make_unique<FsdpBackend>(); }
+const StrategyInfo& fsdp_strategy() {
+  static const StrategyInfo info{"fsdp", Sharding::FSDP,
+                                 /*traits: data_parallel, final_allreduce, reduce_scatter, gathers_params, tp*/ {true, false, true, true, false},
+                                 "gradcert's C++ FSDP: per-layer units, reduce-scatter after each unit's backward",
+                                 "no skipping: reduce-scatter after each unit's backward on every microstep",
+                                 {2, 1, 1}, std::vector<CertifyTopology>{{3, 1, 1}}, 0, [] { std::unique_ptr<Backend> b = std::make_unique<FsdpBackend>(); return b; }};
+  return info;
+}
 
 }  // namespace gradcert

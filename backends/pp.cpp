@@ -8,6 +8,7 @@
 // microbatch is skipped by both.
 #include <tuple>
 
+#include "backends/catalog.hpp"
 #include "backends/runtime/flat.hpp"
 #include "backends/runtime/replica.hpp"
 #include "conformance/layout/layout.hpp"
@@ -17,9 +18,9 @@ namespace gradcert {
 class PpBackend : public Backend {
  public:
   std::string name() const override { return "pp"; }
-  void validate(const Plan& plan, int world, const std::string& inject) const override {
+  void validate(const Plan& plan, int world, Mutant mutant) const override {
     if (plan.tp != 1) throw std::invalid_argument("backend pp needs TP = 1 (TP x PP is not built in)");
-    Backend::validate(plan, world, inject);
+    Backend::validate(plan, world, mutant);
   }
   void validate_model(const ModelSpec& m, const Plan& plan) const override {
     if (m.layers < plan.pp)
@@ -189,6 +190,13 @@ class PpBackend : public Backend {
   int64_t last_full_targets_ = -1;
 };
 
-std::unique_ptr<Backend> make_pp_backend() { return std::make_unique<PpBackend>(); }
+const StrategyInfo& pp_strategy() {
+  static const StrategyInfo info{"pp", Sharding::PP,
+                                 /*traits: data_parallel, final_allreduce, reduce_scatter, gathers_params, tp*/ {true, true, false, false, false},
+                                 "pipeline stages x DP: all-reduce over the DP group per stage",
+                                 "see backends/pp.cpp",
+                                 {2, 1, 2}, std::vector<CertifyTopology>{{4, 1, 2}, {2, 1, 2, "gpipe"}}, 4, [] { std::unique_ptr<Backend> b = std::make_unique<PpBackend>(); return b; }};
+  return info;
+}
 
 }  // namespace gradcert

@@ -1,4 +1,5 @@
 // single: one process applies the D*S/N rule per microstep with D = 1.
+#include "backends/catalog.hpp"
 #include "backends/runtime/replica.hpp"
 
 namespace gradcert {
@@ -6,9 +7,9 @@ namespace gradcert {
 class SingleBackend : public Backend {
  public:
   std::string name() const override { return "single"; }
-  void validate(const Plan& plan, int world, const std::string& inject) const override {
+  void validate(const Plan& plan, int world, Mutant mutant) const override {
     if (world != 1 || plan.dp != 1) throw std::invalid_argument("backend single runs at world 1 only");
-    Backend::validate(plan, world, inject);
+    Backend::validate(plan, world, mutant);
   }
   void setup(RankContext& ctx) override { state_.setup(ctx); }
   NamedTensors state_tensors() override { return state_.state_tensors(); }
@@ -23,6 +24,13 @@ class SingleBackend : public Backend {
   ReplicaState state_;
 };
 
-std::unique_ptr<Backend> make_single_backend() { return std::make_unique<SingleBackend>(); }
+const StrategyInfo& single_strategy() {
+  static const StrategyInfo info{"single", Sharding::Single,
+                                 /*traits: data_parallel, final_allreduce, reduce_scatter, gathers_params, tp*/ {false, false, false, false, false},
+                                 "none (one process, D = 1)",
+                                 "no reduction (D = 1)",
+                                 {1, 1, 1}, {}, 0, [] { std::unique_ptr<Backend> b = std::make_unique<SingleBackend>(); return b; }};
+  return info;
+}
 
 }  // namespace gradcert

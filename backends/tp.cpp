@@ -4,6 +4,7 @@
 // by an all-reduce over the TP group. Embeddings, norms, biases after a row-parallel
 // linear and the LM head are replicated. With world > TP, it is TP x DP: gradients are
 // averaged over the DP group. TP ranks of a replica consume the same examples.
+#include "backends/catalog.hpp"
 #include "backends/runtime/flat.hpp"
 #include "backends/runtime/replica.hpp"
 #include "conformance/layout/layout.hpp"
@@ -129,9 +130,9 @@ TORCH_MODULE(TpModel);
 class TpBackend : public Backend {
  public:
   std::string name() const override { return "tp"; }
-  void validate(const Plan& plan, int world, const std::string& inject) const override {
+  void validate(const Plan& plan, int world, Mutant mutant) const override {
     if (plan.pp != 1) throw std::invalid_argument("backend tp needs PP = 1 (TP x PP is not built in)");
-    Backend::validate(plan, world, inject);
+    Backend::validate(plan, world, mutant);
   }
   void validate_model(const ModelSpec& m, const Plan& plan) const override {
     if (m.heads % plan.tp != 0)
@@ -164,7 +165,7 @@ class TpBackend : public Backend {
     const WindowWork work = prepare_window(ctx, update, last_full_targets_);
     RankUpdate out = work.start_update(update);
     // The planted tp-counted-as-dp takes D as the world size, counting TP ranks as replicas.
-    const int dp = ctx.inject == "tp-counted-as-dp" ? ctx.world : ctx.plan->dp;
+    const int dp = ctx.mutant == Mutant::TpCountedAsDp ? ctx.world : ctx.plan->dp;
 
     std::vector<torch::Tensor> params;
     for (auto& p : model_->parameters()) {
@@ -226,6 +227,13 @@ class TpBackend : public Backend {
   int64_t last_full_targets_ = -1;
 };
 
-std::unique_ptr<Backend> make_tp_backend() { return std::make_unique<TpBackend>(); }
+const StrategyInfo& tp_strategy() {
+  static const StrategyInfo info{"tp", Sharding::TP,
+                                 /*traits: data_parallel, final_allreduce, reduce_scatter, gathers_params, tp*/ {true, true, false, false, true},
+                                 "Megatron TP x DP: all-reduce over the DP group; TP-partitioned tensors",
+                                 "see backends/tp.cpp",
+                                 {2, 2, 1}, std::vector<CertifyTopology>{{4, 2, 1}}, 4, [] { std::unique_ptr<Backend> b = std::make_unique<TpBackend>(); return b; }};
+  return info;
+}
 
 }  // namespace gradcert

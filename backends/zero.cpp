@@ -78,7 +78,7 @@ RankUpdate ZeroState::run_update(RankContext& ctx, int update) {
   const int dp = ctx.plan->dp;
   // NOTE [stale-gathered-params] The mutant keeps the parameters gathered for update 0:
   // it never frees them and never gathers again, so it computes with stale weights.
-  const bool stale = ctx.inject == "stale-gathered-params";
+  const bool stale = ctx.mutant == Mutant::StaleGatheredParams;
   if (stage_ == 3 && !(stale && update > 0)) gather_params(ctx);
 
   RankUpdate out = replica_.accumulate(ctx, update);
@@ -90,12 +90,12 @@ RankUpdate ZeroState::run_update(RankContext& ctx, int update) {
   if (stage_ == 1) {
     // Stage 1: gradients are all-reduced in full; each rank keeps its slice.
     std::vector<at::Tensor> t{local / static_cast<double>(dp)};
-    if (auto g = dp_group(ctx); g && ctx.inject != "missing-final-sync") g->allreduce(t, c10d::AllreduceOptions{})->wait();
+    if (auto g = dp_group(ctx); g && ctx.mutant != Mutant::MissingFinalSync) g->allreduce(t, c10d::AllreduceOptions{})->wait();
     grad_shard = torch::zeros({shard_->shard}, local.options());
     grad_shard.slice(0, 0, shard_->hi() - shard_->lo()).copy_(t[0].slice(0, shard_->lo(), shard_->hi()));
   } else {
     // Stages 2-3: reduce-scatter; the planted shard-divide-factor divides by D twice.
-    const double divisor = ctx.inject == "shard-divide-factor" ? double(dp) * dp : double(dp);
+    const double divisor = ctx.mutant == Mutant::ShardDivideFactor ? double(dp) * dp : double(dp);
     grad_shard = shard_->reduce_scatter(ctx, local, divisor);
     grad_shard_ = grad_shard;
     if (stage_ == 2)

@@ -40,9 +40,9 @@ class ZeroBackend : public Backend {
  public:
   explicit ZeroBackend(int stage) : stage_(stage), state_(stage) {}
   std::string name() const override { return "zero" + std::to_string(stage_); }
-  void validate(const Plan& plan, int world, const std::string& inject) const override {
+  void validate(const Plan& plan, int world, Mutant mutant) const override {
     if (plan.tp != 1 || plan.pp != 1) throw std::invalid_argument("backend " + name() + " needs TP = PP = 1");
-    Backend::validate(plan, world, inject);
+    Backend::validate(plan, world, mutant);
   }
   void setup(RankContext& ctx) override { state_.setup(ctx); }
   RankUpdate run_update(RankContext& ctx, int update) override { return state_.run_update(ctx, update); }

@@ -1,9 +1,17 @@
 // zero2: ZeRO stage 2: + gradients reduce-scattered: each rank receives (and keeps) only its shard of
 // the averaged gradient; the full local gradients are freed after the reduce-scatter.
+#include "backends/catalog.hpp"
 #include "backends/zero.hpp"
 
 namespace gradcert {
 
-std::unique_ptr<Backend> make_zero2_backend() { return std::make_unique<ZeroBackend>(2); }
+const StrategyInfo& zero2_strategy() {
+  static const StrategyInfo info{"zero2", Sharding::ZeRO2,
+                                 /*traits: data_parallel, final_allreduce, reduce_scatter, gathers_params, tp*/ {true, false, true, false, false},
+                                 "ZeRO-2: reduce-scatter of the flat gradient into shards, divide by D",
+                                 "accumulates locally, one reduction after microstep A-1",
+                                 {2, 1, 1}, {}, 0, [] { std::unique_ptr<Backend> b = std::make_unique<ZeroBackend>(2); return b; }};
+  return info;
+}
 
 }  // namespace gradcert

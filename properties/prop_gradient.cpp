@@ -41,7 +41,7 @@ std::vector<SimulatedWindow> simulate_ranks(const Spec& spec, const Plan& plan, 
     for (int r = 0; r < plan.dp; ++r)
       for (int a = 0; a < plan.accum; ++a) {
         batches[r].push_back(collate(spec, w.slots[r][a].ids));
-        rank_targets[r] += counted_targets(batches[r].back(), inject);
+        rank_targets[r] += counted_targets(batches[r].back(), parse_mutant(inject));
       }
     for (auto n : rank_targets) N += n;
     if (inject == "stale-window-count" && w.partial && last_full_N >= 0) N = last_full_N;
@@ -50,7 +50,7 @@ std::vector<SimulatedWindow> simulate_ranks(const Spec& spec, const Plan& plan, 
     for (int r = 0; r < plan.dp; ++r)
       for (const Batch& b : batches[r]) {
         if (b.empty()) continue;
-        const double scale = loss_scale(inject, plan.dp, plan.accum, N, b.valid_targets, rank_targets[r]);
+        const double scale = loss_scale(parse_mutant(inject), plan.dp, plan.accum, N, b.valid_targets, rank_targets[r]);
         (loss_sum(model, b) * scale).backward();
       }
     SimulatedWindow sim;

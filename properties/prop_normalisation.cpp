@@ -38,7 +38,7 @@ double rank_averaged_objective(const LossGrid& g, const std::string& inject) {
   double total = 0;
   for (int r = 0; r < g.ranks(); ++r)
     for (int a = 0; a < g.micro(); ++a)
-      total += loss_scale(inject, g.ranks(), g.micro(), t.N, g.n[r][a], t.rank_n[r]) * g.S[r][a];
+      total += loss_scale(parse_mutant(inject), g.ranks(), g.micro(), t.N, g.n[r][a], t.rank_n[r]) * g.S[r][a];
   return total / g.ranks();
 }
 

@@ -55,14 +55,14 @@ class GlooGroup {
       ranks.push_back(std::async(std::launch::async, [&, r] {
         torch::set_num_threads(1);
         auto backend = make_backend("ddp");
-        backend->validate(plan, world_, inject);
+        backend->validate(plan, world_, parse_mutant(inject));
         RankContext ctx;
         ctx.spec = &spec;
         ctx.plan = &plan;
         ctx.rank = r;
         ctx.world = world_;
         ctx.pg = groups_[r];
-        ctx.inject = inject;
+        ctx.mutant = parse_mutant(inject);
         backend->setup(ctx);
         std::vector<RankUpdate> out;
         for (const auto& w : plan.windows) out.push_back(backend->run_update(ctx, w.update));

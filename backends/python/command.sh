@@ -1,19 +1,40 @@
 #!/bin/sh
 # Prints the `gradcert run --backend external --command` string of a PyTorch adapter.
-#   backends/python/command.sh torch-ddp|torch-fsdp1|torch-fsdp2 [adapter flags, e.g. --wrong local-mean]
+#   backends/python/command.sh NAME [adapter flags, e.g. --mutant local-mean]
+# NAME: an adapter's name or alias from adapters.json (torch-ddp, torch-fsdp1 = fsdp1,
+# torch-fsdp2 = fsdp2). An unknown name exits 2 listing the known ones.
 # Example:
 #   ./build/gradcert run --backend external --world 2 --command "$(backends/python/command.sh torch-fsdp2)"
 # $GRADCERT_NPROC and $GRADCERT_MASTER_PORT stay literal: gradcert sets them for the command.
 set -eu
-root=$(cd "$(dirname "$0")/../.." && pwd)
-name=${1:?usage: command.sh torch-ddp|torch-fsdp1|torch-fsdp2 [adapter flags]}
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+name=${1:?usage: command.sh NAME [adapter flags] (NAME: an adapter of backends/python/adapters.json)}
 shift
-case "$name" in
-  torch-ddp) script=torch_ddp.py ;;
-  torch-fsdp1) script=torch_fsdp1.py ;;
-  torch-fsdp2) script=torch_fsdp2.py ;;
-  *) echo "command.sh: unknown adapter '$name' (torch-ddp, torch-fsdp1, torch-fsdp2)" >&2; exit 2 ;;
-esac
+py=python3
+[ -x "$root/.venv/bin/python" ] && py="$root/.venv/bin/python"
+# Prints the adapter's script, or the known names on stderr and exits 2.
+script=$("$py" - "$here/adapters.json" "$name" <<'PY'
+import json, sys
+path, name = sys.argv[1], sys.argv[2]
+try:
+    with open(path) as f:
+        catalog = json.load(f)
+    adapters = catalog["adapters"]
+except (OSError, ValueError, KeyError) as e:
+    sys.stderr.write("command.sh: cannot read the adapter catalog %s: %s\n" % (path, e))
+    sys.exit(2)
+known = []
+for a in adapters:
+    names = [a["name"]] + list(a.get("aliases", []))
+    known.append(a["name"] + (" (" + ", ".join(a["aliases"]) + ")" if a.get("aliases") else ""))
+    if name in names:
+        print(a["script"])
+        sys.exit(0)
+sys.stderr.write("command.sh: unknown adapter '%s' (known: %s)\n" % (name, ", ".join(known)))
+sys.exit(2)
+PY
+) || exit 2
 printf '%s' "$root/.venv/bin/torchrun --nproc_per_node=\$GRADCERT_NPROC --master_addr=127.0.0.1 --master_port=\$GRADCERT_MASTER_PORT $root/backends/python/$script"
 [ $# -gt 0 ] && printf ' %s' "$@"
 printf '\n'

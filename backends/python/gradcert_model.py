@@ -1,9 +1,11 @@
 """Shared code of the PyTorch adapters (backends/PROTOCOL.md, version 1).
 
 The same tiny causal LM as conformance/model.cpp, with the same canonical parameter
-names; the protocol's inputs (plan.json, dataset.json, initial.safetensors); microbatch
-collation; the loss sum S; the D*S/N rule; the optimizer; and the artifact writers
-(rank<g>.json, manifest.json, u<k>.grads/params.safetensors).
+names (and `tiny_lm`, its model factory: `gradcert_model.py:tiny_lm`); the loss sum S;
+the D*S/N rule with the planted bugs of gradcert_ref/mutants.py; the optimizer; and the
+adapters' training loop. The protocol itself (plan.json, dataset.json,
+initial.safetensors, collation, capturing the reduced gradient, the artifact writers)
+lives in the client library gradcert_ref/client.py, which any stack can use.
 
 Everything here is plain PyTorch; the strategy files (torch_ddp.py, torch_fsdp2.py,
 torch_fsdp1.py) only decide how the model is wrapped and how gradients are reduced.
@@ -11,11 +13,10 @@ torch_fsdp1.py) only decide how the model is wrapped and how gradients are reduc
 
 from __future__ import annotations
 
+import argparse
 import contextlib
-import json
 import math
 import os
-import platform
 import sys
 import time
 from datetime import timedelta
@@ -24,12 +25,17 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
 
-PROTOCOL_VERSION = 1
+HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+
+from gradcert_ref import PROTOCOL_VERSION  # noqa: E402,F401
+from gradcert_ref import client, mutants  # noqa: E402
+from gradcert_ref import factory as factory_mod  # noqa: E402
+
 EXIT_SKIP = 77  # "this stack cannot run here": the gradcert tests turn it into a SKIP
-
-DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
+DTYPES = client.DTYPES
 
 
 def fail(msg: str, code: int = 2):
@@ -93,10 +99,30 @@ class TinyLM(nn.Module):
             x = b(x)
         return self.lm_head(self.ln_f(x))
 
+    def gradcert_units(self):
+        """The FSDP units (besides the root): one per block."""
+        return list(self.blocks)
+
+
+#: The spec's model defaults (conformance/spec.cpp), for tiny_lm without a `spec`.
+TINY_LM_DEFAULTS = {"vocab": 32, "d_model": 16, "heads": 2, "layers": 2, "d_ff": 32, "max_len": 24}
+
+
+def tiny_lm(vocab_size: int, max_len: int, spec: dict | None = None) -> TinyLM:
+    """The built-in model factory (`gradcert_model.py:tiny_lm`, see gradcert_ref/factory.py):
+    vocab and max_len from the arguments, d_model / heads / layers / d_ff from `spec`
+    (the plan's model section) where it has them, else TINY_LM_DEFAULTS."""
+    m = dict(TINY_LM_DEFAULTS)
+    for k in ("d_model", "heads", "layers", "d_ff"):
+        if spec and k in spec:
+            m[k] = int(spec[k])
+    m["vocab"], m["max_len"] = int(vocab_size), int(max_len)
+    return TinyLM(m)
+
 
 def loss_sum(model: nn.Module, input: torch.Tensor, labels: torch.Tensor, ignore_index: int) -> torch.Tensor:
     """S: the sum of token cross-entropies over valid targets (logits in float32 for bf16)."""
-    logits = model(input)
+    logits = factory_mod.logits_of(model(input))
     if logits.dtype == torch.bfloat16:
         logits = logits.float()
     return F.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1), ignore_index=ignore_index,
@@ -104,126 +130,24 @@ def loss_sum(model: nn.Module, input: torch.Tensor, labels: torch.Tensor, ignore
 
 
 # --------------------------------------------------------------------------------------
-# The protocol's inputs
+# Inputs (gradcert_ref/client.py), with adapter-style errors
 # --------------------------------------------------------------------------------------
 
 
-class Run:
-    """The run's inputs, read from the GRADCERT_* environment (PROTOCOL.md)."""
-
-    def __init__(self):
-        env = os.environ
-        for k in ("GRADCERT_PLAN", "GRADCERT_DATASET", "GRADCERT_INIT", "GRADCERT_OUT"):
-            if k not in env:
-                fail(f"{k} is not set: run me under `gradcert run --backend external`")
-        with open(env["GRADCERT_PLAN"]) as f:
-            self.plan = json.load(f)
-        with open(env["GRADCERT_DATASET"]) as f:
-            self.dataset = json.load(f)
-        if self.plan.get("schema") != "gradcert.plan/1":
-            fail(f"{env['GRADCERT_PLAN']}: schema {self.plan.get('schema')!r}, expected gradcert.plan/1")
-        if self.dataset.get("schema") != "gradcert.dataset/1":
-            fail(f"{env['GRADCERT_DATASET']}: schema {self.dataset.get('schema')!r}, expected gradcert.dataset/1")
-        self.init_path = env["GRADCERT_INIT"]
-        self.out = env["GRADCERT_OUT"]
-        self.sampler = env.get("GRADCERT_SAMPLER", "plan")
-        if self.sampler not in ("plan", "own"):
-            fail(f"GRADCERT_SAMPLER={self.sampler!r}: expected 'plan' or 'own'")
-        self.spec = self.plan["spec"]
-        self.model_spec = self.spec["model"]
-        self.dtype_name = self.spec["dtype"]
-        if self.dtype_name not in DTYPES:
-            fail(f"spec dtype {self.dtype_name!r} is not one of {sorted(DTYPES)}")
-        self.dtype = DTYPES[self.dtype_name]
-        topo = self.plan["topology"]
-        self.dp, self.tp, self.pp = topo["dp"], topo["tp"], topo["pp"]
-        self.micro = self.spec["batch"]["micro"]
-        self.accum = self.spec["batch"]["accum"]
-        self.windows = self.plan["windows"]
-        self.windows_per_epoch = self.plan["windows_per_epoch"]
-        self.ignore_index = self.dataset["ignore_index"]
-        self.pad_token = self.dataset["pad_token"]
-        self.samples = {s["id"]: s for s in self.dataset["samples"]}
-
-    # ---- data -------------------------------------------------------------------------
-
-    def collate(self, ids):
-        """Examples right-padded to the longest (pad_token / ignore_index); None if empty."""
-        if not ids:
-            return None
-        rows = [self.samples[i] for i in ids]
-        T = max(1, max(len(s["tokens"]) for s in rows))
-        inp = torch.full((len(rows), T), self.pad_token, dtype=torch.long)
-        lab = torch.full((len(rows), T), self.ignore_index, dtype=torch.long)
-        for i, s in enumerate(rows):
-            n = len(s["tokens"])
-            inp[i, :n] = torch.tensor(s["tokens"], dtype=torch.long)
-            lab[i, :n] = torch.tensor(s["labels"], dtype=torch.long)
-        valid = int((lab != self.ignore_index).sum())
-        return inp, lab, valid
-
-    def dummy_batch(self):
-        """A one-token batch without targets: used by ranks with an empty microbatch that
-        must still run the collectives a forward/backward triggers (its loss is x0)."""
-        inp = torch.full((1, 1), self.pad_token, dtype=torch.long)
-        lab = torch.full((1, 1), self.ignore_index, dtype=torch.long)
-        return inp, lab, 0
-
-    def plan_consumed(self, update: int, dp_rank: int):
-        return [list(mb["ids"]) for mb in self.windows[update]["slots"][dp_rank]]
-
-    def own_sampler_consumed(self, dp_rank: int):
-        """GRADCERT_SAMPLER=own: torch's DistributedSampler (shuffle=False, drop_last=False)
-        with a DataLoader of B_micro, A microbatches per update, the plan's number of
-        updates; the iterator restarts at each epoch. Returns ids per update per microstep."""
-        from torch.utils.data import DataLoader, DistributedSampler
-
-        ids = sorted(self.samples)
-        sampler = DistributedSampler(ids, num_replicas=self.dp, rank=dp_rank, shuffle=False, drop_last=False)
-        loader = DataLoader(ids, batch_size=self.micro, sampler=sampler, drop_last=False)
-        out, it = [], None
-        for u in range(len(self.windows)):
-            if u % self.windows_per_epoch == 0:
-                sampler.set_epoch(u // self.windows_per_epoch)
-                it = iter(loader)
-            mbs = []
-            for _ in range(self.accum):
-                batch = next(it, None)
-                mbs.append([] if batch is None else [int(x) for x in batch])
-            out.append(mbs)
-        return out
-
-    # ---- weights ------------------------------------------------------------------------
-
-    def build_model(self, dtype: torch.dtype) -> TinyLM:
-        """The model in `dtype`, loaded from initial.safetensors (exact names and shapes)."""
-        model = TinyLM(self.model_spec).to(dtype)
-        init = load_file(self.init_path)
-        names = dict(model.named_parameters())
-        if set(init) != set(names):
-            fail(f"{self.init_path}: names differ from the model: missing {sorted(set(names) - set(init))}, "
-                 f"extra {sorted(set(init) - set(names))}")
-        with torch.no_grad():
-            for n, p in names.items():
-                if tuple(init[n].shape) != tuple(p.shape):
-                    fail(f"{self.init_path}: tensor '{n}' has shape {list(init[n].shape)}, model {list(p.shape)}")
-                p.copy_(init[n].to(dtype))
-        return model
+def open_run() -> client.Run:
+    """The run's inputs from the GRADCERT_* environment; a bad input exits 2 naming it."""
+    try:
+        return client.Run.from_env()
+    except client.ProtocolError as e:
+        fail(str(e))
 
 
-# --------------------------------------------------------------------------------------
-# The D*S/N rule
-# --------------------------------------------------------------------------------------
-
-
-def loss_scale(dp: int, window_targets: int, rank_targets: int, wrong: str | None = None) -> float:
-    """What multiplies S_{r,a} before backward, for a reduction that averages over D ranks
-    and sums over microsteps: D / N. `wrong` plants a bug for the tests."""
-    if wrong == "local-mean":  # each rank normalises by its own targets, then ranks are averaged
-        return 1.0 / rank_targets if rank_targets > 0 else 0.0
-    if wrong is not None:
-        fail(f"unknown --wrong {wrong!r} (known: local-mean)")
-    return dp / window_targets if window_targets > 0 else 0.0
+def build_model(run: client.Run, dtype: torch.dtype) -> nn.Module:
+    """The plan's model (spec.model.factory, else the tiny LM) from initial.safetensors."""
+    try:
+        return run.build_model(dtype)
+    except (client.ProtocolError, factory_mod.FactoryError) as e:
+        fail(str(e))
 
 
 def allreduce_sum_f64(values, group=None):
@@ -238,15 +162,30 @@ def allreduce_sum_f64(values, group=None):
 # --------------------------------------------------------------------------------------
 
 
+class _Handle:
+    def __init__(self, hooks, hook):
+        self.hooks, self.hook = hooks, hook
+
+    def remove(self):
+        if self.hook in self.hooks:
+            self.hooks.remove(self.hook)
+
+
 class HandOptimizer:
     """Elementwise SGD / AdamW exactly as conformance/model.cpp writes them. Works on
-    plain tensors and on DTensors (the arithmetic is elementwise, so shards are fine)."""
+    plain tensors and on DTensors (the arithmetic is elementwise, so shards are fine).
+    Step pre-hooks as torch.optim.Optimizer has them (for client.GradRecorder)."""
 
     def __init__(self, params, opt: dict):
         self.params = list(params)
         self.opt = opt
         self.state = {}
         self.step_count = 0
+        self._pre_hooks = []
+
+    def register_step_pre_hook(self, hook):
+        self._pre_hooks.append(hook)
+        return _Handle(self._pre_hooks, hook)
 
     def zero_grad(self, set_to_none: bool = True):
         for p in self.params:
@@ -254,6 +193,8 @@ class HandOptimizer:
 
     @torch.no_grad()
     def step(self):
+        for hook in list(self._pre_hooks):
+            hook(self, (), {})
         o = self.opt
         self.step_count += 1
         lr = o["lr"]
@@ -305,85 +246,21 @@ def make_optimizer(params, opt: dict, kind: str):
 
 
 # --------------------------------------------------------------------------------------
-# Process group and artifacts
+# Process group, strategies, the loop
 # --------------------------------------------------------------------------------------
 
 
-def init_process_group(run: Run):
+def init_process_group(run: client.Run):
     """Gloo on CPU, rendezvous from torchrun's environment, bounded collectives."""
-    timeout_s = float(run.spec.get("timeout", {}).get("collective_s", 60.0)) or 60.0
+    plan = run.plan
+    timeout_s = float(plan.spec.get("timeout", {}).get("collective_s", 60.0)) or 60.0
     dist.init_process_group(backend="gloo", init_method="env://", timeout=timedelta(seconds=timeout_s))
     world, rank = dist.get_world_size(), dist.get_rank()
-    if run.tp != 1 or run.pp != 1:
-        fail(f"this adapter is data parallel only; the plan has tp={run.tp} pp={run.pp}")
-    if world != run.dp:
-        fail(f"started with world {world}, the plan's topology needs {run.dp} ranks")
+    if plan.tp != 1 or plan.pp != 1:
+        fail(f"this adapter is data parallel only; the plan has tp={plan.tp} pp={plan.pp}")
+    if world != plan.dp:
+        fail(f"started with world {world}, the plan's topology needs {plan.dp} ranks")
     return rank, world
-
-
-def _atomic_write(path: str, write):
-    tmp = path + ".tmp"
-    write(tmp)
-    os.replace(tmp, path)
-
-
-def write_json(path: str, obj):
-    def w(tmp):
-        with open(tmp, "w") as f:
-            json.dump(obj, f, indent=1)
-
-    _atomic_write(path, w)
-
-
-def write_tensors(path: str, tensors: dict, dtype: torch.dtype, update: int):
-    """Full canonical tensors in the spec's dtype (F64 / F32 / BF16)."""
-    out = {n: t.detach().to(dtype).contiguous().clone() for n, t in tensors.items()}
-    _atomic_write(path, lambda tmp: save_file(out, tmp, metadata={"update": str(update)}))
-
-
-def versions(adapter: str, extra: dict | None = None) -> dict:
-    v = {"adapter": adapter, "torch": torch.__version__, "python": platform.python_version(),
-         "protocol": PROTOCOL_VERSION}
-    try:
-        import safetensors
-
-        v["safetensors"] = safetensors.__version__
-    except Exception:
-        pass
-    if extra:
-        v.update(extra)
-    return v
-
-
-class Recorder:
-    """Collects what rank<g>.json and manifest.json say, and writes them."""
-
-    def __init__(self, run: Run, rank: int, world: int, backend: str):
-        self.run, self.rank, self.world, self.backend = run, rank, world, backend
-        self.rank_updates, self.manifest_updates = [], []
-        self.memory = {}
-
-    def record(self, update, consumed, loss_sum_r, targets_r, loss, N, step_seconds, grads, params):
-        self.rank_updates.append({"update": update, "consumed": consumed, "loss_sum": loss_sum_r,
-                                  "valid_targets": targets_r})
-        gname, pname = f"u{update}.grads.safetensors", f"u{update}.params.safetensors"
-        if self.rank == 0:
-            write_tensors(os.path.join(self.run.out, gname), grads, self.run.dtype, update)
-            write_tensors(os.path.join(self.run.out, pname), params, self.run.dtype, update)
-        self.manifest_updates.append({"update": update, "loss": loss, "valid_targets": N,
-                                      "step_seconds": step_seconds, "grads": gname, "params": pname})
-
-    def finish(self, extra_versions=None, notes=None):
-        write_json(os.path.join(self.run.out, f"rank{self.rank}.json"),
-                   {"schema": "gradcert.rank/1", "rank": self.rank, "dp_rank": self.rank,
-                    "updates": self.rank_updates})
-        if self.rank == 0:
-            m = {"schema": "gradcert.artifacts/1", "backend": self.backend, "world": self.world,
-                 "updates": self.manifest_updates, "versions": versions(self.backend, extra_versions)}
-            if notes:
-                m["notes"] = notes
-            m.update(self.memory)
-            write_json(os.path.join(self.run.out, "manifest.json"), m)
 
 
 def shutdown():
@@ -399,12 +276,6 @@ def shutdown():
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
-
-
-def consumed_per_update(run: Run, dp_rank: int):
-    if run.sampler == "own":
-        return run.own_sampler_consumed(dp_rank)
-    return [run.plan_consumed(u, dp_rank) for u in range(len(run.windows))]
 
 
 class Strategy:
@@ -426,28 +297,55 @@ class Strategy:
     def full_params(self) -> dict:
         raise NotImplementedError
 
+    def clip_grad_norm(self, params, max_norm: float):
+        """Global-norm clipping of the optimizer's parameters' gradients (every rank)."""
+        torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=False)
 
-def add_common_args(ap):
-    ap.add_argument("--wrong", choices=["local-mean"], default=None,
-                    help="plant a bug (for gradcert's own tests): local-mean = divide S by the rank's own targets")
+
+def add_common_args(ap: argparse.ArgumentParser):
+    ap.add_argument("--mutant", choices=list(mutants.MUTANTS), default=None, metavar="ID",
+                    help="plant a bug (for gradcert's own tests): " +
+                         "; ".join(f"{k} = {v}" for k, v in mutants.MUTANTS.items()))
+    ap.add_argument("--wrong", dest="mutant", choices=list(mutants.MUTANTS), help=argparse.SUPPRESS)  # deprecated
     ap.add_argument("--optim", choices=["torch", "hand"], default=os.environ.get("GRADCERT_PY_OPTIM", "torch"),
                     help="torch.optim SGD/AdamW (default) or the elementwise hand-written copy of model.cpp")
 
 
-def train(run: Run, rank: int, world: int, model: nn.Module, strategy: Strategy, optimizer, recorder: Recorder,
-          wrong: str | None = None, masters: dict | None = None):
+def backend_name(adapter: str, mutant: str | None) -> str:
+    return adapter + (f"+mutant={mutant}" if mutant else "")
+
+
+def train(run: client.Run, rank: int, world: int, model: nn.Module, strategy: Strategy, optimizer,
+          writer: client.ArtifactWriter, mutant: str | None = None, masters: dict | None = None):
     """The protocol's loop: per update, N by all-reducing the local valid-target counts,
     backward of D*S_{r,a}/N per microstep (the wrapper averages over D and the microsteps
-    accumulate), one optimizer step, artifacts. `masters` (bf16): name -> (param, fp32
-    master); the optimizer steps the masters and the bf16 params are copied from them."""
-    consumed_all = consumed_per_update(run, rank)
-    for u in range(len(run.windows)):
+    accumulate; `mutant` changes the scale, see gradcert_ref/mutants.py), one optimizer
+    step, artifacts. The reduced gradient is captured by a client.GradRecorder in the
+    optimizer's step pre-hook; `optimizer.max_grad_norm` > 0 clips in a later pre-hook
+    (the artifact stays pre-clip). `masters` (bf16): name -> (param, fp32 master); the
+    optimizer steps the masters and the bf16 params are copied from them."""
+    plan, data = run.plan, run.dataset
+    consumed_all = run.consumed(rank)
+    recorder = client.GradRecorder(optimizer, source=strategy.full_grads)  # gathers outside the timed region
+    clip_handle = None
+    if plan.max_grad_norm > 0:
+        opt_params = [m for _, m in masters.values()] if masters else [p for p in model.parameters()]
+        clip_handle = optimizer.register_step_pre_hook(
+            lambda *_: strategy.clip_grad_norm(opt_params, plan.max_grad_norm))
+    for u in range(len(plan)):
         t0 = time.perf_counter()
+        partial = plan.partial(u)
+        if mutants.drops_window(mutant, partial):  # every rank drops it alike: no collective to join
+            params = strategy.full_params()
+            grads = {n: torch.zeros_like(p) for n, p in params.items()}
+            writer.record(u, [[] for _ in range(plan.accum)], 0.0, 0, 0.0, 0, time.perf_counter() - t0, grads, params)
+            continue
         consumed = consumed_all[u]
-        batches = [run.collate(ids) for ids in consumed]
-        n_r = sum(b[2] for b in batches if b is not None)
-        N = int(round(allreduce_sum_f64([n_r])[0]))  # every rank joins, zero-example ranks too
-        scale = loss_scale(run.dp, N, n_r, wrong)
+        batches = [data.collate(ids) for ids in consumed]
+        n_r = sum(b.valid_targets for b in batches if b is not None)
+        rows_r = sum(data.rows_with_targets(ids) for ids in consumed)
+        N_all, rows_all = allreduce_sum_f64([n_r, rows_r])  # every rank joins, zero-example ranks too
+        N = mutants.window_count(mutant, int(round(N_all)), int(round(rows_all)))
         optimizer.zero_grad(set_to_none=True)
         model.zero_grad(set_to_none=True)
         S_r = 0.0
@@ -462,31 +360,33 @@ def train(run: Run, rank: int, world: int, model: nn.Module, strategy: Strategy,
                     # backward, so it must run them like its peers: a one-token batch with no
                     # target, loss x 0. Every parameter stays in the graph (so DDP/FSDP hooks
                     # fire for all of them) and the gradient it adds is exactly zero.
-                    inp, lab, _ = run.dummy_batch()
-                    (loss_sum(model, inp, lab, run.ignore_index) * 0.0).backward()
+                    inp, lab, _ = data.dummy_batch()
+                    (loss_sum(model, inp, lab, data.ignore_index) * 0.0).backward()
                     continue
-                inp, lab, _ = b
-                S = loss_sum(model, inp, lab, run.ignore_index)
+                scale = mutants.loss_scale(mutant, plan.dp, plan.accum, N, n_r, b.valid_targets, partial)
+                S = loss_sum(model, b.input, b.labels, data.ignore_index)
                 (S * scale).backward()
                 S_r += float(S.detach().to(torch.float64))
         if masters:
             for p, master in masters.values():
                 master.grad = p.grad.detach().to(master.dtype)
         t_compute = time.perf_counter() - t0
-        grads = strategy.full_grads()  # gathered outside the timed region (PROTOCOL.md)
-        grads = {n: g.detach().clone() for n, g in grads.items()}
         t1 = time.perf_counter()
-        optimizer.step()
+        optimizer.step()  # pre-hooks: the recorder captures the full gradient, then clipping
         if masters:
             with torch.no_grad():
                 for p, master in masters.values():
                     p.copy_(master.to(p.dtype))
-        step_seconds = t_compute + time.perf_counter() - t1
+        step_seconds = t_compute + (time.perf_counter() - t1 - recorder.seconds)
+        grads = recorder.pop()
         S_global = allreduce_sum_f64([S_r])[0]
         loss = S_global / N if N > 0 else 0.0
         params = strategy.full_params()
-        recorder.record(u, consumed, S_r, n_r, loss, N, step_seconds, grads, params)
-    recorder.memory = memory_per_rank(model, optimizer, masters)
+        writer.record(u, consumed, S_r, mutants.rank_count(mutant, n_r, rows_r), loss, N, step_seconds, grads, params)
+    recorder.remove()
+    if clip_handle is not None:
+        clip_handle.remove()
+    writer.memory = memory_per_rank(model, optimizer, masters)
 
 
 def _local(t):

@@ -1,15 +1,16 @@
 """gradcert adapter: torch FSDP1 (FullyShardedDataParallel, FULL_SHARD) on Gloo.
 
     torchrun --nproc_per_node=$GRADCERT_NPROC --master_addr=127.0.0.1 \\
-             --master_port=$GRADCERT_MASTER_PORT backends/python/torch_fsdp1.py
+             --master_port=$GRADCERT_MASTER_PORT backends/python/torch_fsdp1.py [--mutant ID]
 
-One FSDP unit per block (ModuleWrapPolicy) plus the root, FULL_SHARD, use_orig_params
-(so parameters keep their canonical names and the optimizer sees them). FSDP1 divides
-the reduce-scattered gradient by the world size once (pre/post divide factors whose
-product is D), so each microstep backpropagates D*S/N; microsteps 0..A-2 run under
-no_sync(). A rank with an empty microbatch runs a zero-loss forward/backward on every
-microstep (its forward all-gathers parameters). Full gradients and parameters for the
-artifacts come from summon_full_params(with_grads=True), outside the timed region.
+One FSDP unit per block (the tiny LM's blocks; for a factory's model the modules of
+gradcert_ref.factory.units()) plus the root, FULL_SHARD, use_orig_params (so parameters
+keep their canonical names and the optimizer sees them). FSDP1 divides the
+reduce-scattered gradient by the world size once (pre/post divide factors whose product
+is D), so each microstep backpropagates D*S/N; microsteps 0..A-2 run under no_sync(). A
+rank with an empty microbatch runs a zero-loss forward/backward on every microstep (its
+forward all-gathers parameters). Full gradients and parameters for the artifacts come
+from summon_full_params(with_grads=True), outside the timed region.
 
 NOTE [FSDP1 on CPU] Without device_id, torch 2.13 refuses CPU: _init_utils.py:390
 (_init_device_handle) raises "FSDP needs a non-CPU accelerator device, but no accelerator
@@ -21,6 +22,7 @@ instead of passing. GRADCERT_FSDP1_DEVICE_ID=none reproduces the refusal.
 """
 
 import argparse
+import functools
 import os
 import sys
 import traceback
@@ -30,10 +32,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP  # noqa: E402
 from torch.distributed.fsdp import MixedPrecision, ShardingStrategy  # noqa: E402
-from torch.distributed.fsdp.wrap import ModuleWrapPolicy  # noqa: E402
+from torch.distributed.fsdp.wrap import lambda_auto_wrap_policy  # noqa: E402
 
 import gradcert_model as gm  # noqa: E402
+from gradcert_ref import client, factory  # noqa: E402
 
+ADAPTER = "torch-fsdp1"
 WRAP_PREFIX = "_fsdp_wrapped_module."
 
 
@@ -42,7 +46,7 @@ def canonical(name: str) -> str:
 
 
 class FSDP1Strategy(gm.Strategy):
-    name = "torch-fsdp1"
+    name = ADAPTER
     empty_microsteps_need_collectives = True
 
     def __init__(self, model):
@@ -55,7 +59,7 @@ class FSDP1Strategy(gm.Strategy):
         out = {}
         with FSDP.summon_full_params(self.model, writeback=False, rank0_only=False, with_grads=grads):
             for n, p in self.model.named_parameters():
-                t = p.grad if grads else p
+                t = (p.grad if p.grad is not None else torch.zeros_like(p)) if grads else p
                 out[canonical(n)] = t.detach().clone()
         return out
 
@@ -65,27 +69,55 @@ class FSDP1Strategy(gm.Strategy):
     def full_params(self):
         return self._gather(False)
 
+    def clip_grad_norm(self, params, max_norm):
+        """FSDP1's own clip_grad_norm_ (the norm over every rank's shards), except in float64.
+
+        NOTE [FSDP1 float64 clipping] torch 2.13's FSDP._get_grad_norm calls
+        vector_norm(grad, dtype=torch.float32), which raises "the dtype of the input
+        (Double) should be convertible without narrowing" for float64 gradients. There the
+        same formula by hand: the local shards' sum of squares, all-reduced (shards do not
+        overlap; padding holds no gradient), coef = min(1, max / (norm + 1e-6))."""
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        if not any(g.dtype == torch.float64 for g in grads):
+            self.model.clip_grad_norm_(max_norm)
+            return
+        sq = torch.zeros((), dtype=torch.float64)
+        for g in grads:
+            sq += g.detach().to(torch.float64).pow(2).sum()
+        gm.dist.all_reduce(sq)
+        coef = min(1.0, max_norm / (float(sq.sqrt()) + 1e-6))
+        with torch.no_grad():
+            for g in grads:
+                g.mul_(coef)
+
+
+def wrap_policy(model):
+    """One FSDP unit per module of factory.units() (for the tiny LM: each Block, which is
+    what ModuleWrapPolicy({Block}) wraps)."""
+    unit_ids = {id(m) for m in factory.units(model)}
+    return functools.partial(lambda_auto_wrap_policy, lambda_fn=lambda m: id(m) in unit_ids)
+
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     gm.add_common_args(ap)
     args = ap.parse_args()
-    run = gm.Run()
+    run = gm.open_run()
     rank, world = gm.init_process_group(run)
-    bf16 = run.dtype == torch.bfloat16
-    model = run.build_model(torch.float32 if bf16 else run.dtype)
+    bf16 = run.plan.dtype == torch.bfloat16
+    model = gm.build_model(run, torch.float32 if bf16 else run.plan.dtype)
     mp = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16) if bf16 else None
     # GRADCERT_FSDP1_DEVICE_ID=none reproduces the refusal (no device_id: FSDP1 looks for an
     # accelerator); the default passes device_id=cpu, which torch 2.13 accepts.
     device_id = None if os.environ.get("GRADCERT_FSDP1_DEVICE_ID") == "none" else torch.device("cpu")
     try:
         model = FSDP(model, sharding_strategy=ShardingStrategy.FULL_SHARD, device_id=device_id,
-                     auto_wrap_policy=ModuleWrapPolicy({gm.Block}), use_orig_params=True, mixed_precision=mp)
+                     auto_wrap_policy=wrap_policy(model), use_orig_params=True, mixed_precision=mp)
         strategy = FSDP1Strategy(model)
-        optimizer = gm.make_optimizer(model.parameters(), run.spec["optimizer"], args.optim)
-        backend = "torch-fsdp1" + (f"+wrong-{args.wrong}" if args.wrong else "")
-        rec = gm.Recorder(run, rank, world, backend)
-        gm.train(run, rank, world, model, strategy, optimizer, rec, wrong=args.wrong)
+        optimizer = gm.make_optimizer(model.parameters(), run.plan.optimizer, args.optim)
+        backend = gm.backend_name(ADAPTER, args.mutant)
+        writer = client.ArtifactWriter(run.out, rank, world, backend, run.plan.dtype)
+        gm.train(run, rank, world, model, strategy, optimizer, writer, mutant=args.mutant)
     except (RuntimeError, AssertionError, AttributeError) as e:
         msg = str(e)
         cpu_refusals = ("FSDP does not support CPU only execution", "non-CPU accelerator",
@@ -97,9 +129,9 @@ def main():
                   file=sys.stderr, flush=True)
             os._exit(gm.EXIT_SKIP)  # skip collectives/teardown: peers may be mid-collective
         raise
-    rec.finish({"optimizer": args.optim, "sampler": run.sampler},
-               notes="FSDP1 FULL_SHARD, one unit per block + root, use_orig_params; divides by D once; "
-                     "backward D*S/N; no_sync on microsteps 0..A-2")
+    writer.finish({"optimizer": args.optim, "sampler": run.sampler},
+                  notes="FSDP1 FULL_SHARD, one unit per block + root, use_orig_params; divides by D once; "
+                        "backward D*S/N; no_sync on microsteps 0..A-2")
     gm.shutdown()
 
 

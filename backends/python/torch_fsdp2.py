@@ -1,10 +1,12 @@
 """gradcert adapter: torch FSDP2 (torch.distributed.fsdp.fully_shard) on Gloo (CPU).
 
     torchrun --nproc_per_node=$GRADCERT_NPROC --master_addr=127.0.0.1 \\
-             --master_port=$GRADCERT_MASTER_PORT backends/python/torch_fsdp2.py
+             --master_port=$GRADCERT_MASTER_PORT backends/python/torch_fsdp2.py [--mutant ID]
 
-fully_shard on every block, then on the root (wte, wpe, ln_f, lm_head). Parameters are
-DTensors sharded on dim 0 over the D ranks; the optimizer steps the local shards.
+fully_shard on every unit (the tiny LM's blocks; for a factory's model
+gradcert_ref.factory.units()), then on the root (the tiny LM: wte, wpe, ln_f, lm_head).
+Parameters are DTensors sharded on dim 0 over the D ranks; the optimizer steps the local
+shards.
 
 NOTE [FSDP2 gradient scaling] FSDP2 reduce-scatters gradients and divides by the shard
 group size D exactly once (torch 2.13 _fsdp_collectives._get_gradient_divide_factors:
@@ -37,6 +39,9 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # noqa: E4
 from torch.distributed.tensor import DTensor  # noqa: E402
 
 import gradcert_model as gm  # noqa: E402
+from gradcert_ref import client, factory  # noqa: E402
+
+ADAPTER = "torch-fsdp2"
 
 
 def full(t):
@@ -44,7 +49,7 @@ def full(t):
 
 
 class FSDP2Strategy(gm.Strategy):
-    name = "torch-fsdp2"
+    name = ADAPTER
     empty_microsteps_need_collectives = True  # forward all-gathers parameters
 
     def __init__(self, model):
@@ -55,7 +60,8 @@ class FSDP2Strategy(gm.Strategy):
         return gm.contextlib.nullcontext()
 
     def full_grads(self):
-        return {n: full(p.grad) for n, p in self.model.named_parameters()}
+        return {n: full(p.grad) if p.grad is not None else torch.zeros_like(full(p.detach()))
+                for n, p in self.model.named_parameters()}
 
     def full_params(self):
         return {n: full(p.detach()) for n, p in self.model.named_parameters()}
@@ -65,24 +71,24 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     gm.add_common_args(ap)
     args = ap.parse_args()
-    run = gm.Run()
+    run = gm.open_run()
     rank, world = gm.init_process_group(run)
     mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp",))
-    bf16 = run.dtype == torch.bfloat16
-    # NOTE [mixed precision] bf16: the FSDP2 recipe — fp32 sharded (master) parameters and
+    bf16 = run.plan.dtype == torch.bfloat16
+    # NOTE [FSDP2 mixed precision] bf16: the FSDP2 recipe — fp32 sharded (master) parameters and
     # optimizer state, bf16 all-gathered parameters for compute and bf16 gradient reduction.
-    model = run.build_model(torch.float32 if bf16 else run.dtype)
+    model = gm.build_model(run, torch.float32 if bf16 else run.plan.dtype)
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16) if bf16 else MixedPrecisionPolicy()
-    for block in model.blocks:
-        fully_shard(block, mesh=mesh, mp_policy=mp)
+    for unit in factory.units(model):
+        fully_shard(unit, mesh=mesh, mp_policy=mp)
     fully_shard(model, mesh=mesh, mp_policy=mp)
-    optimizer = gm.make_optimizer(model.parameters(), run.spec["optimizer"], args.optim)
-    backend = "torch-fsdp2" + (f"+wrong-{args.wrong}" if args.wrong else "")
-    rec = gm.Recorder(run, rank, world, backend)
-    gm.train(run, rank, world, model, FSDP2Strategy(model), optimizer, rec, wrong=args.wrong)
-    rec.finish({"optimizer": args.optim, "sampler": run.sampler},
-               notes="fully_shard per block + root; FSDP2 divides by D once (default divide factor); "
-                     "backward D*S/N; no gradient sync on microsteps 0..A-2")
+    optimizer = gm.make_optimizer(model.parameters(), run.plan.optimizer, args.optim)
+    backend = gm.backend_name(ADAPTER, args.mutant)
+    writer = client.ArtifactWriter(run.out, rank, world, backend, run.plan.dtype)
+    gm.train(run, rank, world, model, FSDP2Strategy(model), optimizer, writer, mutant=args.mutant)
+    writer.finish({"optimizer": args.optim, "sampler": run.sampler},
+                  notes="fully_shard per block + root; FSDP2 divides by D once (default divide factor); "
+                        "backward D*S/N; no gradient sync on microsteps 0..A-2")
     gm.shutdown()
 
 

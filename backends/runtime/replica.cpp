@@ -11,9 +11,9 @@
 namespace gradcert {
 
 std::vector<std::vector<int64_t>> consumed_ids(const Plan& plan, const Window& w, int dp_rank,
-                                               const std::string& inject) {
+                                               Mutant mutant) {
   std::vector<std::vector<int64_t>> out(plan.accum);
-  if (inject != "sampler-pad-duplicate" || !w.partial) {
+  if (mutant != Mutant::SamplerPadDuplicate || !w.partial) {
     for (int a = 0; a < plan.accum; ++a) out[a] = w.slots[dp_rank][a].ids;
     return out;
   }
@@ -33,9 +33,9 @@ std::vector<std::vector<int64_t>> consumed_ids(const Plan& plan, const Window& w
   return out;
 }
 
-int64_t counted_targets(const Batch& b, const std::string& inject) {
+int64_t counted_targets(const Batch& b, Mutant mutant) {
   if (b.empty()) return 0;
-  if (inject == "pad-as-target")
+  if (mutant == Mutant::PadAsTarget)
     return b.labels.ne(kIgnoreIndex).logical_or(b.input.eq(kPadToken)).sum().item<int64_t>();
   return b.valid_targets;
 }
@@ -48,12 +48,12 @@ std::pair<double, int64_t> allreduce_sum(RankContext& ctx, double x, int64_t n) 
   return {t[0][0].item<double>(), static_cast<int64_t>(std::llround(t[0][1].item<double>()))};
 }
 
-double loss_scale(const std::string& inject, int dp, int accum, int64_t window_targets, int64_t micro_targets,
+double loss_scale(Mutant mutant, int dp, int accum, int64_t window_targets, int64_t micro_targets,
                   int64_t rank_targets) {
   auto inv = [](double d) { return d > 0 ? 1.0 / d : 0.0; };
-  if (inject == "local-mean") return inv(static_cast<double>(rank_targets));
-  if (inject == "micro-mean") return inv(static_cast<double>(micro_targets) * accum);
-  if (inject == "double-accum-division") return dp * inv(static_cast<double>(window_targets) * accum);
+  if (mutant == Mutant::LocalMean) return inv(static_cast<double>(rank_targets));
+  if (mutant == Mutant::MicroMean) return inv(static_cast<double>(micro_targets) * accum);
+  if (mutant == Mutant::DoubleAccumDivision) return dp * inv(static_cast<double>(window_targets) * accum);
   return dp * inv(static_cast<double>(window_targets));
 }
 
@@ -62,7 +62,7 @@ void ReplicaState::setup(RankContext& ctx) {
 }
 
 double WindowWork::scale(const RankContext& ctx, int a, int dp) const {
-  return loss_scale(ctx.inject, dp, ctx.plan->accum, window_targets, batches[a].valid_targets, local_targets);
+  return loss_scale(ctx.mutant, dp, ctx.plan->accum, window_targets, batches[a].valid_targets, local_targets);
 }
 
 RankUpdate WindowWork::start_update(int update) const {
@@ -83,14 +83,14 @@ WindowWork prepare_window(RankContext& ctx, int update, int64_t& last_full_targe
   const Plan& plan = *ctx.plan;
   const Window& w = plan.windows.at(update);
   WindowWork work;
-  work.consumed = consumed_ids(plan, w, plan.dp_rank_of(ctx.rank), ctx.inject);
+  work.consumed = consumed_ids(plan, w, plan.dp_rank_of(ctx.rank), ctx.mutant);
   for (const auto& ids : work.consumed) {
     work.batches.push_back(collate(*ctx.spec, ids));
-    work.local_targets += counted_targets(work.batches.back(), ctx.inject);
+    work.local_targets += counted_targets(work.batches.back(), ctx.mutant);
   }
   // N for the whole window: every DP rank's count, summed (zero-example ranks join too).
   work.window_targets = allreduce_sum(ctx, 0.0, work.local_targets).second;
-  if (ctx.inject == "stale-window-count" && w.partial && last_full_targets >= 0)
+  if (ctx.mutant == Mutant::StaleWindowCount && w.partial && last_full_targets >= 0)
     work.window_targets = last_full_targets;
   if (!w.partial) last_full_targets = work.window_targets;
   return work;
@@ -145,7 +145,7 @@ NamedTensors ReplicaState::state_tensors() {
 
 void average_gradients(RankContext& ctx, const std::vector<torch::Tensor>& params) {
   auto group = dp_group(ctx);
-  if (!group || ctx.inject == "missing-final-sync" || params.empty()) return;
+  if (!group || ctx.mutant == Mutant::MissingFinalSync || params.empty()) return;
   torch::NoGradGuard ng;
   std::vector<torch::Tensor> grads;
   for (const auto& p : params) grads.push_back(p.grad().reshape({-1}));

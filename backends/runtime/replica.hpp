@@ -11,11 +11,11 @@ namespace gradcert {
 /// The ids rank `dp_rank` consumes in each microstep of window `w`, after any planted
 /// sampler bug (sampler-pad-duplicate repeats leading examples to even out a partial window).
 std::vector<std::vector<int64_t>> consumed_ids(const Plan& plan, const Window& w, int dp_rank,
-                                               const std::string& inject);
+                                               Mutant mutant);
 
 /// The valid targets a rank counts in one collated microbatch: b.valid_targets, or under
 /// the pad-as-target mutant every non-ignored label plus every pad position.
-int64_t counted_targets(const Batch& b, const std::string& inject);
+int64_t counted_targets(const Batch& b, Mutant mutant);
 
 /// Sum-allreduce of a double (and an int64 packed beside it) over the DP group; identity at D = 1.
 std::pair<double, int64_t> allreduce_sum(RankContext& ctx, double x, int64_t n);
@@ -88,7 +88,7 @@ class ReplicaState {
 
 /// The D*S/N rule and its planted variants: the factor that multiplies the local loss
 /// sum S_{r,a} of (rank r, microstep a) before backward.
-double loss_scale(const std::string& inject, int dp, int accum, int64_t window_targets, int64_t micro_targets,
+double loss_scale(Mutant mutant, int dp, int accum, int64_t window_targets, int64_t micro_targets,
                   int64_t rank_targets);
 
 }  // namespace gradcert

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "conformance/protocol/artifacts.hpp"
+#include "backends/runtime/mutants.hpp"
 #include "conformance/core/plan.hpp"
 #include "conformance/core/topology.hpp"
 #include "conformance/model/model.hpp"
@@ -34,8 +35,8 @@ struct RankContext {
   c10::intrusive_ptr<c10d::Backend> dp_pg;
   /// The TP peers of this replica and stage; null when TP == 1.
   c10::intrusive_ptr<c10d::Backend> tp_pg;
-  /// The planted bug to run with ("" for none): the catalog is in README.md and registry.cpp.
-  std::string inject;
+  /// The planted bug to run with (Mutant::None for none; backends/runtime/mutants.hpp).
+  Mutant mutant = Mutant::None;
   /// The worker's phase recorder while it measures memory (null otherwise), and the prefix
   /// of the phase names it records ("first " on a backend's first update).
   MemoryPhases* memory = nullptr;
@@ -85,7 +86,7 @@ class Backend {
   /// The name used on the command line and in reports.
   virtual std::string name() const = 0;
   /// Throws std::invalid_argument when this strategy cannot run the topology or mutant.
-  virtual void validate(const Plan& plan, int world, const std::string& inject) const;
+  virtual void validate(const Plan& plan, int world, Mutant mutant) const;
   /// Throws std::invalid_argument naming the model.* field this strategy cannot split.
   virtual void validate_model(const ModelSpec&, const Plan&) const {}
   /// Builds the model (from initial_params) and optimizer state on this rank.

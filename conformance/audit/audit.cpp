@@ -48,7 +48,7 @@ std::string adapter_command(const std::string& root, const std::string& adapter,
   if (!fs::exists(root + "/.venv/bin/torchrun"))
     throw std::invalid_argument(adapter + " needs " + root + "/.venv/bin/torchrun: run scripts/bootstrap for the venv");
   std::string cmd = "sh " + shell_quote(script) + " " + adapter;
-  if (!inject.empty()) cmd += " --wrong " + shell_quote(inject);
+  if (!inject.empty()) cmd += " --mutant " + shell_quote(inject);
   std::string out;
   FILE* p = popen((cmd + " 2>&1").c_str(), "r");
   if (!p) throw std::invalid_argument("cannot run " + script);
@@ -74,14 +74,8 @@ std::string reduction_of(const std::string& f) {
   if (f == "torch-ddp") return "DDP: bucketed all-reduce, averaged over D";
   if (f == "torch-fsdp1") return "FSDP1: reduce-scatter of each unit's FlatParameter, pre/post divide factors (product D)";
   if (f == "torch-fsdp2") return "FSDP2: per-parameter reduce-scatter of DTensor shards, divide factor D (ReduceOp.AVG or pre/post SUM)";
-  if (f == "single") return "none (one process, D = 1)";
-  if (f == "ddp") return "one flat all-reduce per window (divide by D, then SUM)";
-  if (f == "zero1") return "ZeRO-1: all-reduce, optimizer state sharded (flat shards), parameters all-gathered";
-  if (f == "zero2") return "ZeRO-2: reduce-scatter of the flat gradient into shards, divide by D";
-  if (f == "zero3") return "ZeRO-3: reduce-scatter; parameters sharded and all-gathered per use";
-  if (f == "fsdp") return "gradcert's C++ FSDP: per-layer units, reduce-scatter after each unit's backward";
-  if (f == "tp") return "Megatron TP x DP: all-reduce over the DP group; TP-partitioned tensors";
-  if (f == "pp") return "pipeline stages x DP: all-reduce over the DP group per stage";
+  for (const auto* s : strategies())
+    if (s->name == f) return s->reduction;
   return "the stack's own (external)";
 }
 
@@ -89,21 +83,24 @@ std::string reduction_of(const std::string& f) {
 std::string sync_of(const std::string& f) {
   if (f == "torch-ddp" || f == "torch-fsdp1") return "model.no_sync() on microsteps 0..A-2";
   if (f == "torch-fsdp2") return "model.set_requires_gradient_sync(False) on microsteps 0..A-2";
-  if (f == "single") return "no reduction (D = 1)";
-  if (f == "ddp" || f == "zero1" || f == "zero2" || f == "zero3")
-    return "accumulates locally, one reduction after microstep A-1";
-  if (f == "fsdp") return "no skipping: reduce-scatter after each unit's backward on every microstep";
-  if (f == "tp" || f == "pp") return "see backends/" + f + ".cpp";
+  for (const auto* s : strategies())
+    if (s->name == f) return s->sync;
   return "the stack's own";
 }
 
 /// Whether the forward all-gathers sharded parameters (so empty ranks must run every microstep).
 bool gathers_params(const std::string& f) {
-  return f == "torch-fsdp1" || f == "torch-fsdp2" || f == "zero3" || f == "fsdp";
+  for (const auto* s : strategies())
+    if (s->name == f) return s->traits.gathers_params;
+  return f == "torch-fsdp1" || f == "torch-fsdp2";
 }
 
 bool shards(const std::string& f) {
-  return f == "torch-fsdp1" || f == "torch-fsdp2" || f == "zero1" || f == "zero2" || f == "zero3" || f == "fsdp";
+  for (const auto* s : strategies())
+    if (s->name == f)
+      return s->sharding == Sharding::ZeRO1 || s->sharding == Sharding::ZeRO2 || s->sharding == Sharding::ZeRO3 ||
+             s->sharding == Sharding::FSDP;
+  return f == "torch-fsdp1" || f == "torch-fsdp2";
 }
 
 }  // namespace

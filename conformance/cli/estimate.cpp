@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <utility>
 
+#include "backends/catalog.hpp"
 #include "conformance/core/plan.hpp"
 
 namespace gradcert {
@@ -35,8 +36,7 @@ MemoryEstimate make_estimate(const EstimateOptions& o) {
     if (o.pp > 0) t.pp = o.pp;
     if (o.world > 0) t.dp = data_parallel_degree(o.world, t.tp, t.pp);
     const std::string strategy = o.strategy.empty() ? (t.world() == 1 ? "single" : "ddp") : o.strategy;
-    (void)parse_sharding(strategy);  // names the known strategies on a typo
-    MemoryEstimate e = estimate_for_heaviest_rank(spec, strategy);
+    MemoryEstimate e = estimate_for_heaviest_rank(spec, strategy_info(strategy).sharding);
     if (o.params > 0 || !o.recipe.empty() || o.trainable >= 0 || o.unit >= 0 || o.layer_params >= 0) {
       EstimateInput in = e.input;
       if (o.params > 0) in.params = count(o.params, "--params");
@@ -56,7 +56,7 @@ MemoryEstimate make_estimate(const EstimateOptions& o) {
   in.world = world;
   in.tp = tp;
   in.pp = pp;
-  in.strategy = o.strategy.empty() ? (world == 1 ? Sharding::Single : Sharding::DDP) : parse_sharding(o.strategy);
+  in.strategy = o.strategy.empty() ? (world == 1 ? Sharding::Single : Sharding::DDP) : strategy_info(o.strategy).sharding;
   if (o.trainable >= 0) in.trainable = count(o.trainable, "--trainable");
   if (o.unit >= 0) in.largest_unit_params = count(o.unit, "--unit");
   if (o.layer_params >= 0) in.layer_params = count(o.layer_params, "--layer-params");

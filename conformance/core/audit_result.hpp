@@ -23,7 +23,7 @@ struct AuditSide {
   std::string label;    ///< "torch-fsdp1", "ddp", "external", ...
   std::string backend;  ///< a built-in name or kExternalBackend
   std::string command;  ///< external: the launch command
-  std::string inject;   ///< built-in: a mutant; adapter: its --wrong flag
+  std::string inject;   ///< built-in: a mutant; adapter: its --mutant flag
 };
 
 /// One tensor in one update: after vs before (before is the baseline).

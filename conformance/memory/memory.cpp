@@ -250,14 +250,13 @@ Recipe recipe_for_strategy(Sharding strategy, DType dtype, const OptimizerSpec& 
   return r;
 }
 
-MemoryEstimate estimate_for_run(const Spec& spec, const std::string& backend, int rank) {
-  const Sharding strategy = parse_sharding(backend);
+MemoryEstimate estimate_for_run(const Spec& spec, Sharding strategy, int rank) {
   EstimateInput in = tiny_lm_estimate_input(spec, strategy, rank);
   in.recipe = recipe_for_strategy(strategy, spec.dtype, spec.optimizer);
   return estimate_memory(in);
 }
 
-MemoryEstimate estimate_for_heaviest_rank(const Spec& spec, const std::string& backend) {
+MemoryEstimate estimate_for_heaviest_rank(const Spec& spec, Sharding backend) {
   MemoryEstimate best = estimate_for_run(spec, backend, 0);
   for (int r = 1; r < spec.topology.world(); ++r) {
     MemoryEstimate e = estimate_for_run(spec, backend, r);

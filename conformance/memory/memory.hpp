@@ -41,11 +41,10 @@ std::string estimate_text(const MemoryEstimate& e);
 Recipe recipe_for_strategy(Sharding strategy, DType dtype, const OptimizerSpec& optimizer);
 /// The estimate memory.lower_bound holds global rank `rank` of a built-in backend run to:
 /// the tiny LM's counts, recipe_for_strategy, the spec's topology; TP splits exactly what
-/// backends/tp.cpp splits, PP counts the rank's own stage. Throws std::invalid_argument for
-/// a backend that is not a built-in strategy.
-MemoryEstimate estimate_for_run(const Spec& spec, const std::string& backend, int rank);
+/// backends/tp.cpp splits, PP counts the rank's own stage (conformance/layout).
+MemoryEstimate estimate_for_run(const Spec& spec, Sharding strategy, int rank);
 /// The estimate_for_run of the rank that holds the most (what a report's estimate shows).
-MemoryEstimate estimate_for_heaviest_rank(const Spec& spec, const std::string& backend);
+MemoryEstimate estimate_for_heaviest_rank(const Spec& spec, Sharding strategy);
 
 /// "short" | "typical" | "long".
 std::string bucket_name(LengthBucket b);

@@ -1,5 +1,7 @@
 #include "conformance/run/certify.hpp"
 
+#include "backends/catalog.hpp"
+
 #include <chrono>
 #include <ctime>
 #include <filesystem>
@@ -10,34 +12,22 @@ namespace gradcert {
 
 namespace fs = std::filesystem;
 
-namespace {
-
-struct Topo {
-  std::string backend;
-  int world, tp, pp;
-  std::string schedule = "";  ///< pp only: overrides pipeline.schedule
-};
-
-// NOTE [certify matrix] Every strategy at its smallest interesting world (the primary
-// row: every check, both optimizers, float32, every mutant), plus the combinations and a
-// second DP degree. With the default spec, D = 2 leaves the final window partial with
-// rank 1 empty; D = 3 leaves a partial window too.
-const std::vector<Topo> kPrimary = {{"single", 1, 1, 1}, {"ddp", 2, 1, 1},  {"zero1", 2, 1, 1}, {"zero2", 2, 1, 1},
-                                    {"zero3", 2, 1, 1},  {"fsdp", 2, 1, 1}, {"tp", 2, 2, 1},    {"pp", 2, 1, 2}};
-const std::vector<Topo> kWider = {{"ddp", 3, 1, 1}, {"zero3", 3, 1, 1}, {"fsdp", 3, 1, 1},
-                                  {"tp", 4, 2, 1},  {"pp", 4, 1, 2},    {"pp", 2, 1, 2, "gpipe"}};
-
-}  // namespace
+// NOTE [certify matrix] Every strategy at its primary topology (every check, both
+// optimizers, float32, every mutant), plus the wider topologies its StrategyInfo lists. With
+// the default spec, D = 2 leaves the final window partial with rank 1 empty; D = 3 leaves a
+// partial window too. Mutants that need data parallelism run where there is some
+// (StrategyInfo::mutant_world: TP x DP, PP x DP).
 
 std::vector<RunRequest> certify_matrix(const CertifyOptions& o) {
   std::vector<RunRequest> out;
-  auto add = [&](const Topo& t, const std::string& optimizer, DType dtype, const std::string& inject) {
+  auto add = [&](const std::string& backend, const CertifyTopology& t, const std::string& optimizer, DType dtype,
+                 const std::string& inject) {
     RunRequest r;
     r.spec = o.spec;
     r.spec.optimizer.name = optimizer;
     r.spec.dtype = dtype;
     if (!t.schedule.empty()) r.spec.pipeline.schedule = t.schedule;
-    r.backend = t.backend;
+    r.backend = backend;
     r.world = t.world;
     r.tp = t.tp;
     r.pp = t.pp;
@@ -49,17 +39,18 @@ std::vector<RunRequest> certify_matrix(const CertifyOptions& o) {
   };
   const std::string base_opt = o.spec.optimizer.name;
   const std::string other_opt = base_opt == "sgd" ? "adamw" : "sgd";
-  for (const auto& t : kPrimary) add(t, base_opt, o.spec.dtype, "");
-  for (const auto& t : kWider) add(t, base_opt, o.spec.dtype, "");
-  for (const auto& t : kPrimary) add(t, other_opt, o.spec.dtype, "");
+  const auto& all = strategies();
+  for (const auto* s : all) add(s->name, s->primary, base_opt, o.spec.dtype, "");
+  for (const auto* s : all)
+    for (const auto& t : s->wider) add(s->name, t, base_opt, o.spec.dtype, "");
+  for (const auto* s : all) add(s->name, s->primary, other_opt, o.spec.dtype, "");
   if (o.spec.dtype == DType::Float64)
-    for (const auto& t : kPrimary) add(t, base_opt, DType::Float32, "");
+    for (const auto* s : all) add(s->name, s->primary, base_opt, DType::Float32, "");
   if (o.mutants)
-    for (const auto& t : kPrimary) {
-      // Mutants that need data parallelism run where there is some (TP x DP, PP x DP).
-      Topo m = t;
-      if (t.backend == "tp" || t.backend == "pp") m.world = 2 * t.world;
-      for (const auto& name : mutant_names(t.backend)) add(m, base_opt, o.spec.dtype, name);
+    for (const auto* s : all) {
+      CertifyTopology m = s->primary;
+      if (s->mutant_world > 0) m.world = s->mutant_world;
+      for (const auto& name : mutant_names(s->name)) add(s->name, m, base_opt, o.spec.dtype, name);
     }
   return out;
 }

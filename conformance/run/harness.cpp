@@ -115,7 +115,7 @@ void add_memory_and_throughput(RunReport& report, const Spec& spec, const Plan& 
   double save_pause = -1;
   for (int r = 0; r < plan.world(); ++r) {
     const RankMemory rm = read_rank_memory(dir, r);
-    const MemoryEstimate e = estimate_for_run(spec, report.backend, r);
+    const MemoryEstimate e = estimate_for_run(spec, strategy_info(report.backend).sharding, r);
     CheckResult c = check_memory_lower_bound(rm.model_state_bytes, e.model_state());
     c.detail = "rank " + std::to_string(r) + ": " + c.detail;
     if (r == 0 || severity(c.verdict) > severity(lower.verdict) ||
@@ -154,7 +154,7 @@ RunReport run_backend(const RunRequest& req) {
   } else {
     if (req.sampler_audit) throw std::invalid_argument("--sampler-audit applies to --backend external only");
     auto backend = make_backend(req.backend);
-    backend->validate(plan, world, req.inject);
+    backend->validate(plan, world, parse_mutant(req.inject));
     backend->validate_model(spec.model, plan);
   }
 

@@ -69,7 +69,7 @@ int worker_main(const WorkerArgs& args) {
     const Spec spec = load_spec(args.run_dir + "/spec.json");
     const Plan plan = make_plan(spec);
     auto backend = make_backend(args.backend);
-    backend->validate(plan, world, args.inject);
+    backend->validate(plan, world, parse_mutant(args.inject));
     backend->validate_model(spec.model, plan);
 
     RankContext ctx;
@@ -77,7 +77,7 @@ int worker_main(const WorkerArgs& args) {
     ctx.plan = &plan;
     ctx.rank = rank;
     ctx.world = world;
-    ctx.inject = args.inject;
+    ctx.mutant = parse_mutant(args.inject);
     if (world > 1) make_process_groups(ctx, make_store(world, args.store_port, spec.timeout.collective_s));
     backend->setup(ctx);
 

@@ -78,7 +78,7 @@ TEST(ConformanceAuditNames, ResolvesBuiltinsAdaptersAndExternal) {
     EXPECT_NE(a.command.find("/backends/python/" + script), std::string::npos) << a.command;
     EXPECT_NE(a.command.find("$GRADCERT_MASTER_PORT"), std::string::npos) << a.command;
   }
-  EXPECT_NE(resolve_audit_side("fsdp2+inject=local-mean", "", kRepo).command.find("--wrong local-mean"),
+  EXPECT_NE(resolve_audit_side("fsdp2+inject=local-mean", "", kRepo).command.find("--mutant local-mean"),
             std::string::npos);
   EXPECT_THROW(resolve_audit_side("fsdp2", "micro-mean", kRepo), std::invalid_argument);
   // A fresh clone: the checkout is found from the executable (build/gradcert -> the repo).

@@ -119,7 +119,7 @@ TEST(ConformanceExternalTorch, Fsdp1PassesOrSkipsWithTheReason) {
 // The planted bug: each rank divides by its own targets. grad.parity must catch it.
 TEST(ConformanceExternalTorch, DdpLocalMeanFailsGradParity) {
   REQUIRE_TORCHRUN();
-  const RunReport r = run_backend(request(torchrun("torch_ddp.py", "--wrong local-mean"), "ddp_wrong"));
+  const RunReport r = run_backend(request(torchrun("torch_ddp.py", "--mutant local-mean"), "ddp_mutant"));
   ASSERT_TRUE(r.error.empty()) << r.error;
   const CheckResult* g = check(r, "grad.parity");
   ASSERT_NE(g, nullptr);

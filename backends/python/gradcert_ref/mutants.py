@@ -1,0 +1,108 @@
+"""The adapters' planted bugs (`--mutant ID`), and the objectives they stand for.
+
+Every adapter's wrapper averages gradients over the D data-parallel ranks and sums them
+over the A microsteps of a window, so what it finally holds is
+
+    g = (1/D) * sum_{r,a} scale_{r,a} * grad S_{r,a}
+
+where `scale_{r,a}` multiplies the loss sum S_{r,a} of DP rank r at microstep a before
+backward. The correct rule is scale = D / N (N: valid targets of the whole window), which
+gives grad(sum S / N). Each mutant changes `scale` (or N, or skips the window); the same
+function gives the coefficient `scale / D` of each piece gradient, so a diagnosis can
+rebuild what a stack computed from the reference's pieces (`coefficients`).
+
+Ids (spelled as gradcert's C++ mutants):
+
+- `local-mean`: each rank normalises by its own valid targets n_r, then ranks are
+  averaged: scale = 1 / n_r (0 on a rank without targets).
+- `micro-mean`: each microbatch's token mean, then divided by A:
+  scale = 1 / (n_{r,a} * A) (0 for a microbatch without targets), in every window.
+- `partial-nominal-accum`: full windows are correct (D / N). In a *partial* final window
+  the stack switches to the per-microbatch mean divided by the *nominal* A, although
+  fewer microbatches carry data there: scale = 1 / (n_{r,a} * A) with A the spec's
+  accumulation steps, empty microbatches contributing nothing. (The HF-style "divide by
+  gradient_accumulation_steps in the last, short accumulation" bug.)
+- `unshifted-count`: N counted on unshifted labels: every row (example) with at least
+  one valid target counts one extra target (the label position that shifting drops), so
+  N_u = N + rows_with_targets of the window, all ranks; scale = D / N_u. The stack also
+  reports N_u as the N it used and S / N_u as its loss, and n_r + rows as its own count.
+- `drop-partial-window`: the partial final window is skipped: no forward, no backward,
+  no optimizer step (its examples are not consumed). Artifacts for that update: the
+  rank files report empty microbatches (consumed [] x A, loss_sum 0, valid_targets 0),
+  the manifest reports loss 0 and N 0, the gradient artifact is all zeros and the
+  parameters artifact holds the unchanged parameters (those after the previous update).
+  Full windows are correct.
+- `grad-scale-1.05`: a uniform 1.05x gradient scale: scale = 1.05 * D / N (as an
+  unnoticed loss-scale factor would do); for the low-precision scale tests. The loss the
+  stack reports stays S / N.
+"""
+
+from __future__ import annotations
+
+MUTANTS = {
+    "local-mean": "each rank divides S by its own valid targets, then ranks are averaged",
+    "micro-mean": "per-microbatch token mean, then divide by A (every window)",
+    "partial-nominal-accum": "partial final window: per-microbatch mean divided by the nominal A",
+    "unshifted-count": "N counted on unshifted labels: one extra target per row with targets",
+    "drop-partial-window": "the partial final window is skipped (no step; zero gradient artifact)",
+    "grad-scale-1.05": "a uniform 1.05x gradient scale",
+}
+
+GRAD_SCALE = 1.05
+
+
+class MutantError(ValueError):
+    pass
+
+
+def check(mutant: str | None):
+    if mutant is not None and mutant not in MUTANTS:
+        raise MutantError(f"unknown mutant {mutant!r} (known: {', '.join(MUTANTS)})")
+
+
+def _inv(x: float) -> float:
+    return 1.0 / x if x > 0 else 0.0
+
+
+def drops_window(mutant: str | None, partial: bool) -> bool:
+    return mutant == "drop-partial-window" and partial
+
+
+def window_count(mutant: str | None, N: int, rows_with_targets: int) -> int:
+    """The N the stack uses for the window (rows_with_targets: of the whole window)."""
+    return N + rows_with_targets if mutant == "unshifted-count" else N
+
+
+def rank_count(mutant: str | None, n_r: int, rows_r: int) -> int:
+    """What the stack reports as this rank's own valid targets."""
+    return n_r + rows_r if mutant == "unshifted-count" else n_r
+
+
+def loss_scale(mutant: str | None, dp: int, accum: int, N_used: int, n_rank: int, n_micro: int,
+               partial: bool) -> float:
+    """What multiplies S_{r,a} before backward. N_used: window_count(...)."""
+    check(mutant)
+    if mutant == "local-mean":
+        return _inv(n_rank)
+    if mutant == "micro-mean" or (mutant == "partial-nominal-accum" and partial):
+        return _inv(n_micro * accum)
+    if mutant == "drop-partial-window" and partial:
+        return 0.0
+    s = dp * _inv(N_used)
+    return GRAD_SCALE * s if mutant == "grad-scale-1.05" else s
+
+
+def coefficients(mutant: str | None, pieces: list, dp: int, accum: int, partial: bool) -> dict:
+    """(dp_rank, micro) -> c such that the stack's gradient is sum c * grad S_{r,a}.
+    `pieces`: the reference's sidecar entries (dp_rank, micro, valid_targets,
+    rows_with_targets). mutant None: the correct objective (c = 1/N)."""
+    N = sum(p["valid_targets"] for p in pieces)
+    rows = sum(p["rows_with_targets"] for p in pieces)
+    N_used = window_count(mutant, N, rows)
+    n_rank = {}
+    for p in pieces:
+        n_rank[p["dp_rank"]] = n_rank.get(p["dp_rank"], 0) + p["valid_targets"]
+    return {(p["dp_rank"], p["micro"]): loss_scale(mutant, dp, accum, N_used, n_rank[p["dp_rank"]],
+                                                   p["valid_targets"], partial) / dp
+            for p in pieces}
+

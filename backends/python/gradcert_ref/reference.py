@@ -1,0 +1,332 @@
+"""The float64 reference for a user's own PyTorch model (the Python reference runner).
+
+    python -m gradcert_ref.reference --run-dir DIR [--factory F] [--out DIR/reference]
+        [--init FILE] [--no-pieces] [--ids-from-ranks [DIR]] [--threads N]
+
+DIR holds plan.json, dataset.json and initial.safetensors (a `gradcert run --backend
+external` folder). The factory defaults to the plan's spec.model.factory, else the
+built-in tiny LM. One process; the model cast to float64 and loaded from
+initial.safetensors; per window of the plan, every example of the window in ONE
+concatenated batch (right-padded to the window's longest), gradcert's loss
+L = S / N (S: the sum of token cross-entropies over valid targets, on float64 logits,
+computed here: never the model's own loss; N: the window's valid targets), one backward;
+then the protocol's optimizer (PROTOCOL.md "The model and the rule", model.cpp's
+optimizer_step, step counted from 1; a parameter without a gradient steps with zeros).
+
+Clipping: spec.optimizer.max_grad_norm > 0 scales the whole gradient by
+min(1, max_norm / (total_norm + 1e-6)), total_norm the L2 norm over all tensors (the
+formula of torch.nn.utils.clip_grad_norm_), before the step. The grads artifact stays
+the pre-clip gradient.
+
+Outputs (in the format a stack writes, float64): manifest.json (per update loss, N,
+grads, params, and grad_norm / clip_coef, pieces), u<k>.grads.safetensors,
+u<k>.params.safetensors; and per (update, DP rank r, microstep a) the gradient of that
+piece's loss SUM S_{r,a} (one backward per microbatch, at the update's parameters):
+u<k>.pieces.safetensors with tensors `r<r>.a<a>.<param>` (zeros for an empty piece) and
+u<k>.pieces.json listing each piece's ids, loss_sum, valid_targets, rows_with_targets
+and unshifted_targets (= valid + rows with targets), so a diagnosis can form candidate
+objectives as linear combinations (gradcert_ref/mutants.py `coefficients`).
+sum_{r,a} piece / N equals the window's gradient up to rounding.
+
+Precision: the manifest's `precision` says whether the model computes in lower
+precision internally although cast to float64: a TorchFunctionMode records every op
+whose floating output is not float64 (with the module it ran in), forward hooks record
+modules whose outputs are not float64, and parameters / buffers left in another dtype
+are listed. `float64_throughout: false` means the reference is not a float64 reference.
+
+--ids-from-ranks [DIR]: take each (update, DP rank, microstep)'s ids from the
+rank<g>.json a stack wrote (into DIR, default the run folder; sampler audit), not from
+the plan.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+from torch.overrides import TorchFunctionMode
+
+from . import client
+from . import factory as factory_mod
+
+F64 = torch.float64
+BACKEND = "gradcert-reference-python"
+
+
+def loss_sum(model, batch: client.Batch, ignore_index: int, factory=None, vocab=None) -> torch.Tensor:
+    """gradcert's S on float64 logits (the model's own loss is never used)."""
+    logits = factory_mod.logits_of(model(batch.input), factory)
+    if vocab is not None:
+        factory_mod.check_logits(logits, batch.input.size(0), batch.input.size(1), vocab, factory)
+    logits = logits.to(F64)
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), batch.labels.reshape(-1),
+                           ignore_index=ignore_index, reduction="sum")
+
+
+# --------------------------------------------------------------------------------------
+# Precision probe
+# --------------------------------------------------------------------------------------
+
+
+def _floating(x):
+    out = []
+    if isinstance(x, torch.Tensor):
+        if x.is_floating_point() or x.is_complex():
+            out.append(x)
+    elif isinstance(x, (list, tuple)):
+        for y in x:
+            out += _floating(y)
+    elif isinstance(x, dict):
+        for y in x.values():
+            out += _floating(y)
+    elif hasattr(x, "logits"):
+        out += _floating(x.logits)
+    return out
+
+
+class _OpDtypes(TorchFunctionMode):
+    def __init__(self, stack, found):
+        super().__init__()
+        self.stack, self.found = stack, found
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in _floating(out):
+            if t.dtype != F64:
+                where = self.stack[-1] if self.stack else "<root>"
+                key = (where, getattr(func, "__name__", str(func)), str(t.dtype).replace("torch.", ""))
+                self.found[key] = self.found.get(key, 0) + 1
+        return out
+
+
+def probe_precision(model, batch: client.Batch) -> dict:
+    """Runs one forward (no grad) and reports where the model leaves float64."""
+    names = {m: (n or "<root>") for n, m in model.named_modules()}
+    stack, modules, ops = [], {}, {}
+
+    def pre(m, args):
+        stack.append(names[m])
+
+    def post(m, args, out):
+        stack.pop()
+        bad = sorted({str(t.dtype).replace("torch.", "") for t in _floating(out) if t.dtype != F64})
+        if bad:
+            modules[names[m]] = {"module": names[m], "type": type(m).__name__, "output_dtypes": bad}
+
+    handles = [m.register_forward_pre_hook(pre) for m in names] + [m.register_forward_hook(post) for m in names]
+    try:
+        with torch.no_grad(), _OpDtypes(stack, ops):
+            out = model(batch.input)
+    finally:
+        for h in handles:
+            h.remove()
+    logits = factory_mod.logits_of(out)
+    params = [f"{n}: {str(p.dtype).replace('torch.', '')}" for n, p in model.named_parameters() if p.dtype != F64]
+    buffers = [f"{n}: {str(b.dtype).replace('torch.', '')}" for n, b in model.named_buffers()
+               if b.is_floating_point() and b.dtype != F64]
+    op_list = [{"module": w, "op": f, "dtype": d, "count": c} for (w, f, d), c in sorted(ops.items())]
+    return {"float64_throughout": not (modules or op_list or params or buffers) and logits.dtype == F64,
+            "logits_dtype": str(logits.dtype).replace("torch.", ""),
+            "lower_precision_modules": list(modules.values()), "lower_precision_ops": op_list,
+            "non_float64_parameters": params, "non_float64_buffers": buffers,
+            "how": "one forward of the first non-empty microbatch in float64: module outputs (forward hooks) and "
+                   "every op's floating outputs (TorchFunctionMode) that are not float64"}
+
+
+# --------------------------------------------------------------------------------------
+# Optimizer (model.cpp optimizer_step) and clipping
+# --------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def optimizer_step(opt: dict, step: int, p: torch.Tensor, g: torch.Tensor, slot: dict):
+    if opt["name"] == "sgd":
+        d = g
+        if opt["weight_decay"] != 0:
+            d = d + opt["weight_decay"] * p
+        if opt["momentum"] != 0:
+            if "m" not in slot:
+                slot["m"] = d.clone()
+            else:
+                slot["m"].mul_(opt["momentum"]).add_(d)
+            d = slot["m"]
+        p.add_(d, alpha=-opt["lr"])
+        return
+    if opt["name"] != "adamw":
+        raise ValueError(f"unknown optimizer {opt['name']!r} (sgd | adamw)")
+    if "m" not in slot:
+        slot["m"], slot["v"] = torch.zeros_like(p), torch.zeros_like(p)
+    lr = opt["lr"]
+    p.mul_(1 - lr * opt["weight_decay"])
+    slot["m"].mul_(opt["beta1"]).add_(g, alpha=1 - opt["beta1"])
+    slot["v"].mul_(opt["beta2"]).addcmul_(g, g, value=1 - opt["beta2"])
+    bc1 = 1 - opt["beta1"] ** step
+    bc2 = 1 - opt["beta2"] ** step
+    denom = (slot["v"] / bc2).sqrt_().add_(opt["eps"])
+    p.addcdiv_(slot["m"], denom, value=-lr / bc1)
+
+
+def clip_coefficient(grads: dict, max_norm: float):
+    """(total L2 norm, the factor clip_grad_norm_ applies: min(1, max/(norm + 1e-6)))."""
+    norms = [torch.linalg.vector_norm(g.to(F64)) for g in grads.values()]
+    total = float(torch.linalg.vector_norm(torch.stack(norms))) if norms else 0.0
+    if max_norm <= 0:
+        return total, 1.0
+    return total, min(1.0, max_norm / (total + 1e-6))
+
+
+# --------------------------------------------------------------------------------------
+# The runner
+# --------------------------------------------------------------------------------------
+
+
+def _ids_from_ranks(run_dir: str, plan: client.Plan) -> list:
+    """[update][dp_rank][micro] -> ids, from the rank<g>.json of DP ranks' first members."""
+    per = [[None] * plan.dp for _ in range(len(plan))]
+    for r in range(plan.dp):
+        g = r * plan.tp * plan.pp
+        path = os.path.join(run_dir, f"rank{g}.json")
+        try:
+            with open(path) as f:
+                obj = json.load(f)
+        except (OSError, ValueError) as e:
+            raise client.ProtocolError(f"{path}: cannot be read: {e}") from e
+        for u in obj["updates"]:
+            per[u["update"]][r] = [list(ids) for ids in u["consumed"]]
+    for u, ranks in enumerate(per):
+        for r, slots in enumerate(ranks):
+            if slots is None:
+                raise client.ProtocolError(f"{run_dir}/rank{r * plan.tp * plan.pp}.json: no update {u}")
+    return per
+
+
+def _grads(model) -> dict:
+    return {n: (p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)) for n, p in
+            model.named_parameters()}
+
+
+def run_reference(run_dir: str, factory: str | None = None, out: str | None = None, init: str | None = None,
+                  pieces: bool = True, ids_from_ranks: bool = False, log=None) -> dict:
+    """Writes the reference artifacts into `out` (default run_dir/reference); returns the manifest."""
+    run = client.Run.from_dir(run_dir)
+    plan, data = run.plan, run.dataset
+    out = out or os.path.join(run_dir, "reference")
+    os.makedirs(out, exist_ok=True)
+    factory = factory or plan.factory
+    fname = factory or factory_mod.BUILTIN
+    model = factory_mod.build(factory, int(plan.model_spec["vocab"]), int(plan.model_spec["max_len"]),
+                              spec=plan.model_spec, search_dirs=[run_dir])
+    client.load_weights(model, init or run.init_path, F64)
+    vocab = int(plan.model_spec["vocab"])
+    model.train()
+    ranks_dir = ids_from_ranks if isinstance(ids_from_ranks, str) else run_dir
+    slots_all = _ids_from_ranks(ranks_dir, plan) if ids_from_ranks else \
+        [[plan.ids(u, r) for r in range(plan.dp)] for u in range(len(plan))]
+
+    first = next((ids for u in slots_all for r in u for ids in r if ids), None)
+    precision = probe_precision(model, data.collate(first[:1])) if first else {"float64_throughout": None}
+    if precision.get("float64_throughout") is False and log:
+        log(f"gradcert reference: WARNING: model factory '{fname}' computes below float64 "
+            f"(see manifest precision): {precision['lower_precision_modules'][:3]} {precision['lower_precision_ops'][:3]}")
+
+    opt = plan.optimizer
+    max_norm = plan.max_grad_norm
+    slots_state = {n: {} for n, _ in model.named_parameters()}
+    updates = []
+    for u in range(len(plan)):
+        t0 = time.perf_counter()
+        slots = slots_all[u]
+        ids = [i for r in slots for mb in r for i in mb] if ids_from_ranks else list(plan.window(u)["ids"])
+        batch = data.collate(ids)
+        N = batch.valid_targets if batch is not None else 0
+        model.zero_grad(set_to_none=True)
+        loss = 0.0
+        if batch is not None and N > 0:
+            L = loss_sum(model, batch, data.ignore_index, fname, vocab) / N
+            L.backward()
+            loss = float(L.detach())
+        grads = _grads(model)
+        entry = {"update": u, "loss": loss, "valid_targets": N, "plan_valid_targets": plan.window_targets(u),
+                 "grads": f"u{u}.grads.safetensors", "params": f"u{u}.params.safetensors"}
+        if pieces:
+            ptensors, pmeta = {}, []
+            for r, per_rank in enumerate(slots):
+                for a, mb in enumerate(per_rank):
+                    model.zero_grad(set_to_none=True)
+                    b = data.collate(mb)
+                    S = 0.0
+                    if b is not None:
+                        s = loss_sum(model, b, data.ignore_index, fname, vocab)
+                        s.backward()
+                        S = float(s.detach())
+                    for n, g in _grads(model).items():
+                        ptensors[f"r{r}.a{a}.{n}"] = g
+                    n_ra = b.valid_targets if b is not None else 0
+                    rows = data.rows_with_targets(mb)
+                    pmeta.append({"dp_rank": r, "micro": a, "ids": list(mb), "loss_sum": S, "valid_targets": n_ra,
+                                  "rows_with_targets": rows, "unshifted_targets": n_ra + rows})
+            model.zero_grad(set_to_none=True)
+            client.write_tensors(os.path.join(out, f"u{u}.pieces.safetensors"), ptensors, F64, u)
+            client.write_json(os.path.join(out, f"u{u}.pieces.json"),
+                              {"schema": "gradcert.pieces/1", "update": u, "dp": plan.dp, "accum": plan.accum,
+                               "partial": plan.partial(u), "valid_targets": N, "pieces": pmeta,
+                               "tensors": "r<dp_rank>.a<micro>.<param>: grad of the piece's loss sum S_{r,a}"})
+            entry.update({"pieces": f"u{u}.pieces.safetensors", "pieces_json": f"u{u}.pieces.json"})
+        total, coef = clip_coefficient(grads, max_norm)
+        entry.update({"grad_norm": total, "clip_coef": coef})
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                g = grads[n] if coef == 1.0 else grads[n] * coef
+                optimizer_step(opt, u + 1, p, g, slots_state[n])
+        entry["step_seconds"] = time.perf_counter() - t0
+        client.write_tensors(os.path.join(out, entry["grads"]), grads, F64, u)
+        client.write_tensors(os.path.join(out, entry["params"]),
+                             {n: p.detach() for n, p in model.named_parameters()}, F64, u)
+        updates.append(entry)
+    manifest = client.manifest_json(
+        BACKEND, 1, updates, client.versions(BACKEND, {"factory": fname}),
+        notes="float64 reference, one process, one concatenated batch per window; loss = sum of token "
+              "cross-entropies over valid targets / N (gradcert's, not the model's)",
+        reference={"factory": fname, "dtype": "float64", "ids": "rank files" if ids_from_ranks else "plan",
+                   "dp": plan.dp, "accum": plan.accum, "max_grad_norm": max_norm, "pieces": pieces},
+        precision=precision)
+    client.write_json(os.path.join(out, "manifest.json"), manifest)
+    return manifest
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m gradcert_ref.reference", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--run-dir", required=True, help="folder with plan.json, dataset.json, initial.safetensors")
+    ap.add_argument("--factory", default=None, help="FILE.py:FUNC or module:FUNC (default: the plan's, else the tiny LM)")
+    ap.add_argument("--out", default=None, help="where the reference artifacts go (default: RUN_DIR/reference)")
+    ap.add_argument("--init", default=None, help="initial weights (default: RUN_DIR/initial.safetensors)")
+    ap.add_argument("--no-pieces", action="store_true", help="skip the per-(rank, microstep) piece gradients")
+    ap.add_argument("--ids-from-ranks", nargs="?", const=True, default=False, metavar="DIR",
+                    help="ids from the rank<g>.json a stack wrote (in DIR, default RUN_DIR): sampler audit")
+    ap.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "1") or 1),
+                    help="torch intra-op threads (default: $OMP_NUM_THREADS, else 1: gradcert's models are tiny, "
+                         "and more threads than free cores slow float64 CPU kernels down by orders of magnitude)")
+    a = ap.parse_args(argv)
+    torch.set_num_threads(max(1, a.threads))
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        m = run_reference(a.run_dir, a.factory, a.out, a.init, not a.no_pieces, a.ids_from_ranks,
+                          log=lambda s: print(s, file=sys.stderr))
+    except (client.ProtocolError, factory_mod.FactoryError, OSError, ValueError) as e:
+        print(f"gradcert reference: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps({"out": a.out or os.path.join(a.run_dir, "reference"), "updates": len(m["updates"]),
+                      "losses": [u["loss"] for u in m["updates"]],
+                      "float64_throughout": m["precision"].get("float64_throughout")}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+#include "backends/runtime/mutants.hpp"
+
+#include <stdexcept>
+
+namespace gradcert {
+
+const std::vector<MutantInfo>& mutant_table() {
+  // local-mean is the correct rule at D = 1, so it needs data parallelism to be a bug.
+  static const std::vector<MutantInfo> table = {
+      {Mutant::LocalMean, "local-mean", "each rank normalises by its own targets, then ranks are averaged",
+       [](const StrategyTraits& t) { return t.data_parallel; }},
+      {Mutant::MicroMean, "micro-mean", "per-microstep mean, then divide by A (the 2024 gradient-accumulation bug class)",
+       [](const StrategyTraits&) { return true; }},
+      {Mutant::StaleWindowCount, "stale-window-count", "the full window's N reused in the partial final window",
+       [](const StrategyTraits&) { return true; }},
+      {Mutant::DoubleAccumDivision, "double-accum-division", "an extra division by A on top of token normalisation",
+       [](const StrategyTraits&) { return true; }},
+      {Mutant::PadAsTarget, "pad-as-target", "padding positions counted as valid targets in N",
+       [](const StrategyTraits&) { return true; }},
+      {Mutant::SamplerPadDuplicate, "sampler-pad-duplicate",
+       "the partial window padded by repeating examples, as a distributed sampler with drop_last=False does",
+       [](const StrategyTraits& t) { return t.data_parallel; }},
+      {Mutant::MissingFinalSync, "missing-final-sync", "no gradient all-reduce at the end of the window",
+       [](const StrategyTraits& t) { return t.final_allreduce; }},
+      {Mutant::ShardDivideFactor, "shard-divide-factor",
+       "the reduce-scatter divided by D twice (loss scaling and a reduce-op average both applied)",
+       [](const StrategyTraits& t) { return t.reduce_scatter; }},
+      {Mutant::StaleGatheredParams, "stale-gathered-params",
+       "the shard is updated but the next update computes with the previously gathered weights",
+       [](const StrategyTraits& t) { return t.gathers_params; }},
+      {Mutant::TpCountedAsDp, "tp-counted-as-dp", "D taken as the world size under TP, so the TP ranks count as replicas",
+       [](const StrategyTraits& t) { return t.tensor_parallel; }},
+  };
+  return table;
+}
+
+std::string mutant_name(Mutant m) {
+  for (const auto& row : mutant_table())
+    if (row.id == m) return row.name;
+  return "";
+}
+
+Mutant parse_mutant(const std::string& name) {
+  if (name.empty()) return Mutant::None;
+  std::string known;
+  for (const auto& row : mutant_table()) {
+    if (row.name == name) return row.id;
+    known += (known.empty() ? "" : ", ") + row.name;
+  }
+  throw std::invalid_argument("unknown mutant '" + name + "' (known: " + known + ")");
+}
+
+std::vector<std::string> mutants_for(const StrategyTraits& traits) {
+  std::vector<std::string> out;
+  for (const auto& row : mutant_table())
+    if (row.applies(traits)) out.push_back(row.name);
+  return out;
+}
+
+}  // namespace gradcert

@@ -14,7 +14,8 @@ std::string golden_dir() { return GRADCERT_GOLDEN_DIR; }
 
 std::string mask_volatile(const std::string& text) {
   static const std::regex time(R"(\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:?\d{2})?)");
-  static const std::regex path(R"((^|[\s'"=(])/[^\s'")]+)");
+  // A path does not hold '<' or '>', so an XML element's "/>" stays as it is.
+  static const std::regex path(R"((^|[\s'"=(])/[^\s'")<>]+)");
   static const std::regex version(R"(\b[vV]?\d+\.\d+\.\d+([.+-][A-Za-z0-9.+-]*)?)");
   std::string out = std::regex_replace(text, time, "<time>");
   out = std::regex_replace(out, path, "$1<path>");

@@ -1,4 +1,5 @@
-// The "memory" and "throughput" sections of the report (JSON and Markdown tables). Torch-free.
+// The "memory" and "throughput" sections of the report, in each format's writer: JSON
+// (json.cpp), Markdown (markdown.cpp) and the console tables (console.cpp). Torch-free.
 #pragma once
 #include <nlohmann/json_fwd.hpp>
 

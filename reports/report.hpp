@@ -1,5 +1,7 @@
-// The conformance report: JSON (schema gradcert.report/1), JUnit XML, Markdown and the
-// console table.
+// The report writers of runs (the conformance report) and audits: JSON (schemas
+// gradcert.report/1 and gradcert.audit/1, json.cpp), JUnit XML (junit.cpp), Markdown
+// (markdown.cpp) and the console table (console.cpp); the files (report.cpp). The memory
+// and throughput sections are in memory_report.hpp. Torch-free.
 #pragma once
 #include <nlohmann/json.hpp>
 #include <string>
@@ -12,6 +14,8 @@
 namespace gradcert {
 
 std::string report_json(const Report& r);
+/// A testcase per (run, check); a failed run is one "run" testcase with an <error>; a mutant
+/// run also gets mutant.detected.
 std::string report_junit(const Report& r);
 std::string report_markdown(const Report& r);
 /// The console table (nccl-tests style), with an OK / FAILED footer.
@@ -23,6 +27,10 @@ void write_report_files(const Report& r, const std::string& dir);
 /// The audit's writers (schema gradcert.audit/1 for JSON).
 std::string audit_json(const AuditReport& r);  ///< schema gradcert.audit/1
 std::string audit_markdown(const AuditReport& r);
+/// The testcases of report_junit for each side (audit.before.NAME, audit.after.NAME), then
+/// audit.between: a testcase per difference of the comparison, named by its category
+/// (grads, params, window_count.update_U, update_size.update_U, loss.update_U,
+/// tensors.update_U, compare, other), and a passing one per category without a difference.
 std::string audit_junit(const AuditReport& r);
 std::string audit_table(const AuditReport& r);  ///< the console report
 /// Writes audit.json, audit.md and junit.xml into `dir` (each atomically).

@@ -111,7 +111,9 @@ std::string plan_to_json(const Plan& p, const Spec& spec) {
     for (int r = 0; r < p.dp; ++r) {
       json micro = json::array();
       for (int a = 0; a < p.accum; ++a)
-        micro.push_back({{"ids", w.slots[r][a].ids}, {"valid_targets", w.slots[r][a].valid_targets}});
+        micro.push_back({{"ids", w.slots[r][a].ids},
+                         {"input_tokens", w.slots[r][a].input_tokens},
+                         {"valid_targets", w.slots[r][a].valid_targets}});
       ranks.push_back(micro);
     }
     windows.push_back({{"update", w.update}, {"epoch", w.epoch}, {"partial", w.partial}, {"ids", w.ids},

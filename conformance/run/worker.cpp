@@ -2,6 +2,7 @@
 
 #include "backends/catalog.hpp"
 #include "conformance/memory/memory.hpp"
+#include "conformance/protocol/inputs.hpp"
 #include "conformance/run/probes.hpp"
 
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -67,7 +68,9 @@ int worker_main(const WorkerArgs& args) {
     torch::set_num_threads(1);
     install_tracking_allocator();  // before any tensor, so every storage is counted
     const Spec spec = load_spec(args.run_dir + "/spec.json");
-    const Plan plan = make_plan(spec);
+    // Built-in ranks consume plan.json as any stack does (backends/PROTOCOL.md), never a
+    // plan of their own: the harness wrote it from the same spec.
+    const Plan plan = read_plan_file(args.run_dir + "/plan.json");
     auto backend = make_backend(args.backend);
     backend->validate(plan, world, parse_mutant(args.inject));
     backend->validate_model(spec.model, plan);

@@ -6,6 +6,7 @@
 #include "conformance/core/format.hpp"
 #include "conformance/layout/layout.hpp"
 #include "conformance/memory/memory.hpp"
+#include "conformance/protocol/inputs.hpp"
 
 using namespace gradcert;
 
@@ -71,4 +72,48 @@ TEST(TorchFreeFormat, FiguresAndBytes) {
   EXPECT_EQ(human_bytes(512), "512 B");
   EXPECT_EQ(sci(5792), "5.792e3");
   EXPECT_EQ(xml_escape("a<b&\"c\""), "a&lt;b&amp;&quot;c&quot;");
+}
+
+TEST(TorchFreeProtocol, PlanJsonReadsBackAsThePlan) {
+  for (int dp : {1, 2, 3}) {
+    Spec spec;
+    spec.topology.dp = dp;
+    spec.updates = 7;  // across an epoch boundary
+    const Plan p = make_plan(spec);
+    Spec read_spec;
+    const Plan q = parse_plan_json(plan_to_json(p, spec), "plan.json", &read_spec);
+    EXPECT_EQ(spec_to_json(read_spec), spec_to_json(spec));
+    ASSERT_EQ(q.windows.size(), p.windows.size());
+    EXPECT_EQ(q.update_batch, p.update_batch);
+    for (size_t u = 0; u < p.windows.size(); ++u) {
+      const Window &a = p.windows[u], &b = q.windows[u];
+      EXPECT_EQ(b.ids, a.ids);
+      EXPECT_EQ(b.valid_targets, a.valid_targets);
+      EXPECT_EQ(b.partial, a.partial);
+      EXPECT_EQ(b.epoch, a.epoch);
+      EXPECT_EQ(b.index_in_epoch, a.index_in_epoch);
+      for (int r = 0; r < p.dp; ++r)
+        for (int k = 0; k < p.accum; ++k) {
+          EXPECT_EQ(b.slots[r][k].ids, a.slots[r][k].ids);
+          EXPECT_EQ(b.slots[r][k].input_tokens, a.slots[r][k].input_tokens);
+          EXPECT_EQ(b.slots[r][k].valid_targets, a.slots[r][k].valid_targets);
+        }
+    }
+  }
+}
+
+TEST(TorchFreeProtocol, PlanJsonErrorsNameTheField) {
+  Spec spec;
+  std::string text = plan_to_json(make_plan(spec), spec);
+  const auto at = text.find("\"input_tokens\": ");
+  ASSERT_NE(at, std::string::npos);
+  text.replace(at, std::string("\"input_tokens\": ").size(), "\"input_tokens\": \"x\", \"was\": ");
+  try {
+    (void)parse_plan_json(text, "plan.json");
+    FAIL() << "accepted a string token count";
+  } catch (const ArtifactError& e) {
+    EXPECT_NE(std::string(e.what()).find("plan.json: windows[0].slots[0][0].input_tokens: expected an integer"),
+              std::string::npos)
+        << e.what();
+  }
 }

@@ -216,9 +216,77 @@ CheckResult check_params_parity(const std::vector<ReferenceUpdate>& ref, const s
 
 std::vector<CheckResult> run_checks(const Plan& plan, int64_t dataset_size, const std::vector<ReferenceUpdate>& ref,
                                     const std::vector<BackendUpdate>& run, double tolerance) {
-  return {check_update_size(plan, run),           check_sample_ledger(plan, dataset_size, run),
-          check_window_count(ref, run),           check_global_mean_loss(ref, run, tolerance),
-          check_grad_parity(ref, run, tolerance), check_params_parity(ref, run, tolerance)};
+  CheckInput in;
+  in.plan = &plan;
+  in.dataset_size = dataset_size;
+  in.reference = &ref;
+  in.run = &run;
+  in.tolerance = tolerance;
+  return run_checks(in);
+}
+
+namespace {
+
+int severity(Verdict v) { return v == Verdict::Fail ? 2 : v == Verdict::Pass ? 1 : 0; }
+
+// Each rank is held to the estimate for that rank (PP stages differ); the worst is reported.
+CheckResult memory_lower_bound(const CheckInput& in) {
+  CheckResult worst;
+  bool first = true;
+  for (const auto& r : in.memory->ranks) {
+    CheckResult c = check_memory_lower_bound(r.measured_model_state_bytes, r.estimate_model_state_bytes);
+    c.detail = "rank " + std::to_string(r.rank) + ": " + c.detail;
+    if (first || severity(c.verdict) > severity(worst.verdict) ||
+        (c.verdict == worst.verdict && std::fabs(c.figure) > std::fabs(worst.figure)))
+      worst = c;
+    first = false;
+  }
+  if (first) worst = check_memory_lower_bound(-1, -1);
+  return worst;
+}
+
+bool always(const CheckInput&) { return true; }
+bool with_memory(const CheckInput& in) { return in.memory != nullptr; }
+
+}  // namespace
+
+const std::vector<CheckEntry>& check_table() {
+  static const std::vector<CheckEntry> table = {
+      {"batch.update_size", "examples consumed per update = B_micro x A x D, or the partial window's own size", always,
+       [](const CheckInput& in) { return check_update_size(*in.plan, *in.run); }},
+      {"batch.sample_ledger", "each example exactly once per epoch; TP/PP peers of a replica saw the same ids", always,
+       [](const CheckInput& in) { return check_sample_ledger(*in.plan, in.dataset_size, *in.run); }},
+      {"targets.window_count", "the N the backend used = the reference's recount of valid targets in the window",
+       always, [](const CheckInput& in) { return check_window_count(*in.reference, *in.run); }},
+      {"loss.global_mean", "the backend's loss = the global token mean (relative error)", always,
+       [](const CheckInput& in) { return check_global_mean_loss(*in.reference, *in.run, in.tolerance); }},
+      {"grad.parity", "per tensor and update, relative L2 error of the gradient vs the reference", always,
+       [](const CheckInput& in) { return check_grad_parity(*in.reference, *in.run, in.tolerance); }},
+      {"params.parity", "per tensor, after every update, relative L2 error of the parameters", always,
+       [](const CheckInput& in) { return check_params_parity(*in.reference, *in.run, in.tolerance); }},
+      {"memory.lower_bound", "each rank's model state >= the estimate for that rank, and at most 2% above it",
+       with_memory, memory_lower_bound},
+      {"memory.budget", "every peak (rank x phase x length bucket) <= memory.budget_bytes", with_memory,
+       [](const CheckInput& in) { return check_memory_budget(in.memory->peaks, in.memory->budget_bytes); }},
+  };
+  return table;
+}
+
+std::vector<CheckResult> run_checks(const CheckInput& input) {
+  std::vector<CheckResult> out;
+  for (const auto& e : check_table())
+    if (e.applies(input)) out.push_back(e.run(input));
+  return out;
+}
+
+std::vector<std::string> check_ids(bool memory) {
+  RunMemoryEvidence none;
+  CheckInput probe;
+  if (memory) probe.memory = &none;
+  std::vector<std::string> out;
+  for (const auto& e : check_table())
+    if (e.applies(probe)) out.push_back(e.id);
+  return out;
 }
 
 CheckResult check_memory_lower_bound(int64_t measured, int64_t estimate) {

@@ -38,7 +38,44 @@ CheckResult check_memory_lower_bound(int64_t measured_model_state_bytes, int64_t
 /// > budget 2.00 MiB").
 CheckResult check_memory_budget(const std::vector<PhasePeak>& peaks, double budget_bytes);
 
-/// Every check above, in report order.
+/// Built-in runs: what each rank measured of its memory, and the estimate it is held to.
+struct RankMemoryEvidence {
+  int rank = 0;
+  int64_t measured_model_state_bytes = -1;  ///< -1: not measured
+  int64_t estimate_model_state_bytes = 0;
+};
+struct RunMemoryEvidence {
+  std::vector<RankMemoryEvidence> ranks;
+  std::vector<PhasePeak> peaks;  ///< every rank, bucket and phase
+  double budget_bytes = 0;       ///< 0: no budget
+};
+
+/// Everything a check is a function of.
+struct CheckInput {
+  const Plan* plan = nullptr;
+  int64_t dataset_size = 0;
+  const std::vector<ReferenceUpdate>* reference = nullptr;
+  const std::vector<BackendUpdate>* run = nullptr;
+  double tolerance = 0;                        ///< the parity tolerance of the run's dtype
+  const RunMemoryEvidence* memory = nullptr;   ///< null: the run measured no memory (external stacks)
+};
+
+/// One row of the check table: its id, what it holds, when it applies, and the check.
+struct CheckEntry {
+  std::string id;
+  std::string holds;                       ///< one line, as in README's check table
+  bool (*applies)(const CheckInput&);      ///< false: left out of the run's report
+  CheckResult (*run)(const CheckInput&);
+};
+/// The checks in report order. Adding a check: a function above, a row in checks.cpp, a
+/// row in README.md.
+const std::vector<CheckEntry>& check_table();
+/// Every applicable check of the table on `input`, in report order.
+std::vector<CheckResult> run_checks(const CheckInput& input);
+/// The ids of the checks that apply to a run with (`with_memory`) or without memory evidence.
+std::vector<std::string> check_ids(bool with_memory);
+
+/// Every check above, in report order (no memory evidence).
 std::vector<CheckResult> run_checks(const Plan& plan, int64_t dataset_size, const std::vector<ReferenceUpdate>& ref,
                                     const std::vector<BackendUpdate>& run, double tolerance);
 

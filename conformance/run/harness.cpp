@@ -80,7 +80,6 @@ void write_external_inputs(const Spec& spec, const std::string& dir) {
 }
 
 
-int severity(Verdict v) { return v == Verdict::Fail ? 2 : v == Verdict::Pass ? 1 : 0; }
 
 // Useful work per second from the manifest's step times and the plan's tokens (built-in
 // and external runs alike); the first update is warmup.
@@ -100,27 +99,22 @@ void add_throughput(RunReport& report, const Plan& plan, const std::vector<Backe
   report.has_throughput = true;
 }
 
-// The memory checks and the throughput of a built-in backend run, from every rank's
-// rank<r>.memory.json (worker.cpp NOTE [memory probes]) and the manifest's step times.
-// memory.lower_bound holds each rank to the estimate for that rank (PP stages differ) and
-// reports the worst; the report's estimate is the rank that holds the most.
-void add_memory_and_throughput(RunReport& report, const Spec& spec, const Plan& plan, const std::string& dir,
-                               const std::vector<BackendUpdate>& run) {
-  const std::string label = run_label(report);
+// The memory evidence of a built-in backend run, from every rank's rank<r>.memory.json
+// (NOTE [memory probes]), and the report's memory section (the estimate of the rank that
+// holds the most) and throughput from the manifest's step times.
+RunMemoryEvidence add_memory_and_throughput(RunReport& report, const Spec& spec, const Plan& plan,
+                                            const std::string& dir, const std::vector<BackendUpdate>& run) {
   MemoryRunReport& m = report.memory;
-  m.backend = label;
+  m.backend = run_label(report);
   m.world = plan.world();
   m.budget_bytes = spec.memory.budget_bytes;
-  CheckResult lower;
+  RunMemoryEvidence evidence;
+  evidence.budget_bytes = spec.memory.budget_bytes;
   double save_pause = -1;
   for (int r = 0; r < plan.world(); ++r) {
     const RankMemory rm = read_rank_memory(dir, r);
     const MemoryEstimate e = estimate_for_run(spec, strategy_info(report.backend).sharding, r);
-    CheckResult c = check_memory_lower_bound(rm.model_state_bytes, e.model_state());
-    c.detail = "rank " + std::to_string(r) + ": " + c.detail;
-    if (r == 0 || severity(c.verdict) > severity(lower.verdict) ||
-        (c.verdict == lower.verdict && std::fabs(c.figure) > std::fabs(lower.figure)))
-      lower = c;
+    evidence.ranks.push_back({r, rm.model_state_bytes, e.model_state()});
     if (!m.has_estimate || e.model_state() > m.estimate.model_state()) {
       m.has_estimate = true;
       m.estimate = e;
@@ -131,13 +125,13 @@ void add_memory_and_throughput(RunReport& report, const Spec& spec, const Plan& 
       if (p.phase == "save" && p.bucket == "typical") save_pause = std::max(save_pause, p.seconds);
     }
   }
-  report.checks.push_back(lower);
-  report.checks.push_back(check_memory_budget(m.peaks, spec.memory.budget_bytes));
+  evidence.peaks = m.peaks;
   report.has_memory = true;
 
   add_throughput(report, plan, run);
   report.throughput.save_pause_seconds = save_pause;
   for (const auto& p : m.peaks) report.throughput.peak_bytes = std::max(report.throughput.peak_bytes, p.peak_bytes);
+  return evidence;
 }
 
 }  // namespace
@@ -225,11 +219,20 @@ RunReport run_backend(const RunRequest& req) {
       // the ids the stack really consumed (so the gradient math is judged on its own data).
       const auto reference =
           run_reference(spec, req.sampler_audit ? plan_from_consumed(spec, plan, artifacts) : plan);
-      report.checks = run_checks(plan, spec.dataset.size, reference, artifacts, spec.parity_tolerance());
-      if (external)
+      CheckInput input;
+      input.plan = &plan;
+      input.dataset_size = spec.dataset.size;
+      input.reference = &reference;
+      input.run = &artifacts;
+      input.tolerance = spec.parity_tolerance();
+      RunMemoryEvidence memory;
+      if (external) {
         add_throughput(report, plan, artifacts);  // memory: the protocol has no memory file (v1)
-      else
-        add_memory_and_throughput(report, spec, plan, req.run_dir, artifacts);
+      } else {
+        memory = add_memory_and_throughput(report, spec, plan, req.run_dir, artifacts);
+        input.memory = &memory;
+      }
+      report.checks = run_checks(input);
     } catch (const ArtifactError& e) {
       report.error = std::string("bad artifacts: ") + e.what();
     }

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <string>
 
+#include "conformance/checks/checks.hpp"
 #include "reports/report.hpp"
 
 namespace gradcert::test {
@@ -19,6 +20,13 @@ inline std::string fresh_dir(const std::string& prefix, const std::string& name)
 }
 
 /// A run's error and every check that did not pass, one per line (for assertion messages).
+/// The ids of a run's checks, in report order.
+inline std::vector<std::string> ids_of(const RunReport& r) {
+  std::vector<std::string> out;
+  for (const auto& c : r.checks) out.push_back(c.id);
+  return out;
+}
+
 inline std::string failures(const RunReport& r) {
   std::string s = r.error;
   for (const auto& c : r.checks)

@@ -13,6 +13,7 @@
 
 #include "backends/catalog.hpp"
 #include "backends/runtime/flat.hpp"
+#include "backends/runtime/mutants.hpp"
 #include "backends/runtime/recording_pg.hpp"
 #include "backends/runtime/strategy.hpp"
 #include "conformance/core/plan.hpp"
@@ -40,8 +41,9 @@ struct RankRun {
 RankRun run_rank(const std::string& name, const Spec& spec, const Plan& plan, int rank, int updates,
                  const std::string& inject = "") {
   RankRun run;
+  const Mutant mutant = parse_mutant(inject);
   run.backend = make_backend(name);
-  run.backend->validate(plan, plan.world(), inject);
+  run.backend->validate(plan, plan.world(), mutant);
   run.backend->validate_model(spec.model, plan);
   const Coords c = coords_of(plan, rank);
   c10::intrusive_ptr<RecordingBackend> pg, dp, tp;
@@ -53,7 +55,7 @@ RankRun run_rank(const std::string& name, const Spec& spec, const Plan& plan, in
   ctx.plan = &plan;
   ctx.rank = rank;
   ctx.world = plan.world();
-  ctx.inject = inject;
+  ctx.mutant = mutant;
   ctx.pg = pg;
   ctx.dp_pg = dp;
   ctx.tp_pg = tp;
@@ -105,20 +107,28 @@ int64_t activation_numel(const Spec& spec, const Plan& plan, int update, int r, 
 }
 
 /// Every rank's p2p traffic on pg must pair up in order: the sends from s to d (tag, numel)
-/// are, one for one, the receives d posts from s. Returns the channels that do not.
+/// are, one for one, the receives d posts from s. Returns the first mismatch per channel.
 std::string unpaired_p2p(const std::vector<std::vector<RecordedOp>>& pg_by_rank) {
-  std::map<std::pair<int, int>, std::vector<std::pair<int, int64_t>>> sent, received;  // (src, dst) -> (tag, numel)
+  using Msgs = std::vector<std::pair<int, int64_t>>;  // (tag, numel) in issue order
+  std::map<std::pair<int, int>, std::pair<Msgs, Msgs>> channels;  // (src, dst) -> (sent, received)
   for (int r = 0; r < static_cast<int>(pg_by_rank.size()); ++r)
     for (const auto& o : pg_by_rank[r]) {
-      if (o.op == "send") sent[{r, o.peer}].push_back({o.tag, o.numel});
-      if (o.op == "recv") received[{o.peer, r}].push_back({o.tag, o.numel});
+      if (o.op == "send") channels[{r, o.peer}].first.push_back({o.tag, o.numel});
+      if (o.op == "recv") channels[{o.peer, r}].second.push_back({o.tag, o.numel});
     }
+  auto msg = [](const Msgs& m, size_t i) {
+    return i < m.size() ? "tag " + str(m[i].first) + " numel " + str(m[i].second) : std::string("nothing");
+  };
   std::string bad;
-  for (const auto* m : {&sent, &received})
-    for (const auto& [ch, _] : *m)
-      if (sent[ch] != received[ch])
-        bad += str(ch.first) + "->" + str(ch.second) + ": " + str(sent[ch].size()) + " sends vs " +
-               str(received[ch].size()) + " receives (or tags/sizes/order differ)\n";
+  for (const auto& [ch, io] : channels) {
+    const auto& [sent, received] = io;
+    for (size_t i = 0; i < std::max(sent.size(), received.size()); ++i)
+      if (i >= sent.size() || i >= received.size() || sent[i] != received[i]) {
+        bad += str(ch.first) + "->" + str(ch.second) + " message " + str(i) + ": sent " + msg(sent, i) +
+               ", received " + msg(received, i) + "\n";
+        break;
+      }
+  }
   return bad;
 }
 
@@ -146,13 +156,28 @@ std::vector<UnitRange> fsdp_units(const Spec& spec) {
   return out;
 }
 
-/// The flat gradient DP rank r of every data-parallel strategy must hold after update 0 when
-/// its peers are recordings (identical to it): N = D * n_r, so the D*S/N rule backpropagates
-/// S_{r,a} / n_r, and averaging D identical gradients leaves that unchanged. Computed here
-/// with the plain model, in canonical flat order.
-torch::Tensor identical_ranks_gradient(const Spec& spec, const Plan& plan, int r) {
-  const TensorMap init = initial_params(spec);
-  TinyLM model = make_model(spec.model, init, torch::kFloat64);
+/// The flat gradient DP rank r must hold after update 0 when its peers are recordings,
+/// computed here with the plain model. Recorded peers are identical to it: N = D * n_r, so the
+/// D*S/N rule backpropagates S_{r,a} / n_r, and a SUM reduce-scatter of grad / D over D
+/// identical ranks returns grad. A recorded all-gather hands back this rank's own shard in
+/// every slot, so within each of `gathered` (flat ranges all-gathered before the forward:
+/// zero3 all of it, fsdp each unit) the weights are rank r's shard, repeated.
+torch::Tensor identical_ranks_gradient(const Spec& spec, const Plan& plan, int r,
+                                       const std::vector<UnitRange>& gathered) {
+  TensorMap params = initial_params(spec);
+  const FlatLayout layout = FlatLayout::of(params);
+  std::vector<double> flat;
+  for (const auto& e : layout.entries)
+    flat.insert(flat.end(), params.at(e.name).values.begin(), params.at(e.name).values.end());
+  std::vector<double> seen = flat;
+  for (const auto& g : gathered) {
+    const int64_t s = (g.numel + plan.dp - 1) / plan.dp;
+    for (int64_t i = 0; i < g.numel; ++i)
+      seen[g.begin + i] = r * s + i % s < g.numel ? flat[g.begin + r * s + i % s] : 0.0;  // padded tail: 0
+  }
+  for (const auto& e : layout.entries)
+    params.at(e.name).values.assign(seen.begin() + e.offset, seen.begin() + e.offset + e.numel);
+  TinyLM model = make_model(spec.model, params, torch::kFloat64);
   std::vector<Batch> batches;
   int64_t n_r = 0;
   for (int a = 0; a < plan.accum; ++a) {
@@ -164,7 +189,7 @@ torch::Tensor identical_ranks_gradient(const Spec& spec, const Plan& plan, int r
   std::map<std::string, torch::Tensor> grads;
   for (auto& p : model->named_parameters()) grads[p.key()] = p.value().grad().reshape({-1});
   std::vector<torch::Tensor> parts;
-  for (const auto& e : FlatLayout::of(init).entries) parts.push_back(grads.at(e.name));
+  for (const auto& e : layout.entries) parts.push_back(grads.at(e.name));
   return torch::cat(parts);
 }
 
@@ -175,13 +200,36 @@ torch::Tensor state(Backend& b, const std::string& name) {
   return torch::zeros({0}, torch::kFloat64);
 }
 
+/// A gradient shard against its expected value, with the ratio where it is not zero.
+void expect_shard(const torch::Tensor& got, const torch::Tensor& want, const std::string& what) {
+  ASSERT_EQ(got.numel(), want.numel()) << what;
+  const auto nz = want.abs() > 1e-12;
+  const auto ratio = got.masked_select(nz) / want.masked_select(nz);
+  EXPECT_TRUE(torch::allclose(got, want, 1e-10, 1e-14))
+      << what << ": shard / expected in [" << ratio.min().item<double>() << ", " << ratio.max().item<double>() << "]";
+}
+
 }  // namespace
+
+/// One intra-op thread while a test runs, as each rank process has (worker.cpp): the models
+/// are tiny, and spare threads that wait on a busy core slow these tests down 20-fold.
+class Collectives : public testing::Test {
+ protected:
+  void SetUp() override {
+    threads_ = torch::get_num_threads();
+    torch::set_num_threads(1);
+  }
+  void TearDown() override { torch::set_num_threads(threads_); }
+
+ private:
+  int threads_ = 1;
+};
 
 // ---- ddp ------------------------------------------------------------------------------------
 
 // ddp at D = world = 2: N, the loss, then ONE flat gradient all-reduce per window (no sync on
 // earlier microsteps), on every update; artifacts are taken locally (no assemble_full).
-TEST(Collectives, DdpIssuesOneFlatGradientAllreducePerWindow) {
+TEST_F(Collectives, DdpIssuesOneFlatGradientAllreducePerWindow) {
   const Spec spec = spec_for(2, 1, 1);
   const Plan plan = make_plan(spec);
   const int W = static_cast<int>(plan.windows.size());
@@ -195,7 +243,7 @@ TEST(Collectives, DdpIssuesOneFlatGradientAllreducePerWindow) {
 
 // The planted missing-final-sync bug shows in the sequence alone: N and the loss, and no
 // gradient all-reduce (nothing of the parameters' size) on any rank or update.
-TEST(Collectives, DdpMissingFinalSyncIssuesNoGradientAllreduce) {
+TEST_F(Collectives, DdpMissingFinalSyncIssuesNoGradientAllreduce) {
   const Spec spec = spec_for(2, 1, 1);
   const Plan plan = make_plan(spec);
   const int W = static_cast<int>(plan.windows.size());
@@ -213,7 +261,7 @@ TEST(Collectives, DdpMissingFinalSyncIssuesNoGradientAllreduce) {
 // zero1 all-reduces the full gradient, zero2 / zero3 reduce-scatter the padded flat gradient;
 // all gather the updated shards (zero3 before the forward instead of after the step), then
 // two assemble_full all-reduces (grads, params) over the world.
-TEST(Collectives, ZeroStagesShardGradientsAndGatherParameters) {
+TEST_F(Collectives, ZeroStagesShardGradientsAndGatherParameters) {
   const Spec spec = spec_for(2, 1, 1);
   const Plan plan = make_plan(spec);
   const int64_t P = param_count(spec), shard = (P + 1) / 2;
@@ -227,34 +275,36 @@ TEST(Collectives, ZeroStagesShardGradientsAndGatherParameters) {
   }
 }
 
-// The reduce-scatter divisor, seen in the values: over D identical ranks a SUM reduce-scatter
-// of grad / D returns grad, so each rank's gradient shard must equal its slice of the
-// identical-ranks gradient (zero2, zero3 and every fsdp unit), at D = 2 and 4. The planted
-// shard-divide-factor divides by D twice: its shards are that gradient / D.
-TEST(Collectives, ZeroAndFsdpReduceScatterDivideByD) {
+// The reduce-scatter divisor, seen in the values: each rank's gradient shard must equal
+// its slice of identical_ranks_gradient (zero2, zero3 and every fsdp unit), at D = 2 and 4,
+// for the first and the last rank. The planted shard-divide-factor divides by D twice: its
+// shards are that gradient / D.
+TEST_F(Collectives, ZeroAndFsdpReduceScatterDivideByD) {
   for (int D : {2, 4}) {
     const Spec spec = spec_for(D, 1, 1);
     const Plan plan = make_plan(spec);
+    const auto units = fsdp_units(spec);
+    const int64_t P = param_count(spec), shard = (P + D - 1) / D;
     for (int r : {0, D - 1}) {
-      const torch::Tensor g = identical_ranks_gradient(spec, plan, r);
-      ASSERT_GT(g.abs().max().item<double>(), 0);
-      const int64_t shard = (g.numel() + D - 1) / D;
+      const torch::Tensor zero2 = identical_ranks_gradient(spec, plan, r, {}),
+                          zero3 = identical_ranks_gradient(spec, plan, r, {UnitRange{"all", 0, P}}),
+                          fsdp = identical_ranks_gradient(spec, plan, r, units);
+      ASSERT_GT(zero2.abs().max().item<double>(), 0);
       for (const std::string inject : {"", "shard-divide-factor"}) {
         const double factor = inject.empty() ? 1.0 : 1.0 / D;
         SCOPED_TRACE("D " + str(D) + " rank " + str(r) + " inject '" + inject + "'");
-        const int64_t lo = std::min<int64_t>(g.numel(), r * shard), hi = std::min<int64_t>(g.numel(), lo + shard);
-        for (const std::string zero : {"zero2", "zero3"}) {
-          auto run = run_rank(zero, spec, plan, r, 1, inject);
-          const auto got = state(*run.backend, "grad.shard").slice(0, 0, hi - lo);
-          EXPECT_TRUE(torch::allclose(got, g.slice(0, lo, hi) * factor, 1e-12, 1e-15))
-              << zero << ": max ratio " << (got / g.slice(0, lo, hi)).nan_to_num(1).max().item<double>();
+        const int64_t lo = std::min(P, r * shard), hi = std::min(P, lo + shard);
+        for (const auto& [name, g] : {std::make_pair("zero2", zero2), std::make_pair("zero3", zero3)}) {
+          auto run = run_rank(name, spec, plan, r, 1, inject);
+          const auto got = state(*run.backend, "grad.shard").slice(0, 0, hi - lo), want = g.slice(0, lo, hi) * factor;
+          expect_shard(got, want, name);
         }
-        auto fsdp = run_rank("fsdp", spec, plan, r, 1, inject);
-        for (const auto& u : fsdp_units(spec)) {
+        auto run = run_rank("fsdp", spec, plan, r, 1, inject);
+        for (const auto& u : units) {
           const int64_t us = (u.numel + D - 1) / D, ulo = std::min(u.numel, r * us), uhi = std::min(u.numel, ulo + us);
-          const auto got = state(*fsdp.backend, "grad." + u.name + ".shard").slice(0, 0, uhi - ulo);
-          const auto want = g.slice(0, u.begin + ulo, u.begin + uhi) * factor;
-          EXPECT_TRUE(torch::allclose(got, want, 1e-10, 1e-14)) << "fsdp unit " << u.name;
+          const auto got = state(*run.backend, "grad." + u.name + ".shard").slice(0, 0, uhi - ulo);
+          const auto want = fsdp.slice(0, u.begin + ulo, u.begin + uhi) * factor;
+          expect_shard(got, want, "fsdp unit " + u.name);
         }
       }
     }
@@ -266,7 +316,7 @@ TEST(Collectives, ZeroAndFsdpReduceScatterDivideByD) {
 // fsdp, every microstep (empty ones too): forward gathers of units 0..U-2 (the head's forward
 // runs inside its backward), then per unit in reverse: gather, then reduce-scatter of that
 // same unit. Exact sizes: a gather contributes the unit's shard, a reduce-scatter D shards.
-TEST(Collectives, FsdpGathersThenReduceScattersEachUnitInReverse) {
+TEST_F(Collectives, FsdpGathersThenReduceScattersEachUnitInReverse) {
   const Spec spec = spec_for(2, 1, 1);
   const Plan plan = make_plan(spec);
   const auto units = fsdp_units(spec);
@@ -289,7 +339,7 @@ TEST(Collectives, FsdpGathersThenReduceScattersEachUnitInReverse) {
 
 // stale-gathered-params keeps update 0's gathered weights: it gathers as the correct backend
 // does on update 0 and never again, while every other collective stays as it was.
-TEST(Collectives, StaleGatheredParamsIssuesNoGatherAfterUpdateZero) {
+TEST_F(Collectives, StaleGatheredParamsIssuesNoGatherAfterUpdateZero) {
   const Spec spec = spec_for(2, 1, 1);
   const Plan plan = make_plan(spec);
   const int W = static_cast<int>(plan.windows.size());
@@ -304,7 +354,8 @@ TEST(Collectives, StaleGatheredParamsIssuesNoGatherAfterUpdateZero) {
     EXPECT_EQ(ops_text(stale.updates[0].pg), ops_text(good.updates[0].pg)) << b;
     for (int u = 1; u < W; ++u) {
       EXPECT_GT(count(good.updates[u].pg, "allgather_base"), 0) << b << " update " << u;
-      EXPECT_EQ(count(stale.updates[u].pg, "allgather_base"), 0) << b << " update " << u;
+      EXPECT_EQ(count(stale.updates[u].pg, "allgather_base"), 0) << b << " update " << u << "\n"
+                                                                  << ops_text(stale.updates[u].pg);
       EXPECT_EQ(without_gathers(stale.updates[u].pg), without_gathers(good.updates[u].pg)) << b << " update " << u;
     }
   }
@@ -315,7 +366,7 @@ TEST(Collectives, StaleGatheredParamsIssuesNoGatherAfterUpdateZero) {
 // pp at PP = 2 (1F1B), exact: stage 0 sends microbatch a's activation (tag 2a) and receives
 // its gradient (tag 2a + 1) one microbatch behind; stage 1 receives, then sends back. Then
 // the loss over the world and two assemble_full all-reduces (no DP group at D = 1).
-TEST(Collectives, PpOneFOneBSequenceAtTwoStages) {
+TEST_F(Collectives, PpOneFOneBSequenceAtTwoStages) {
   const Spec spec = spec_for(1, 1, 2);
   const Plan plan = make_plan(spec);
   std::vector<int> micro;
@@ -343,7 +394,7 @@ TEST(Collectives, PpOneFOneBSequenceAtTwoStages) {
 // on its peer (same tag and size, in order), and stage s holds at most PP - s microbatches
 // in flight (activations sent whose gradient has not come back), reaching min(PP - s, M);
 // GPipe would hold all M.
-TEST(Collectives, PpOneFOneBPairsEverySendAndBoundsInFlight) {
+TEST_F(Collectives, PpOneFOneBPairsEverySendAndBoundsInFlight) {
   struct Case {
     int dp, pp;
   };
@@ -384,7 +435,7 @@ TEST(Collectives, PpOneFOneBPairsEverySendAndBoundsInFlight) {
 // row-parallel linear) and two backward (before each column-parallel one), each of B x T x
 // d_model, on tp_pg only. N, the loss and the gradient all-reduce (of the rank's local
 // parameters) go to the DP group (none at D = 1); pg carries only the two assemble_full.
-TEST(Collectives, TpAllReducesActivationsOnTheTpGroup) {
+TEST_F(Collectives, TpAllReducesActivationsOnTheTpGroup) {
   const ModelSpec m;
   const int64_t split = 3 * m.d_model * m.d_model + m.d_model * m.d_model + 2 * m.d_ff * m.d_model + m.d_ff;
   for (int D : {1, 2}) {
@@ -415,7 +466,7 @@ TEST(Collectives, TpAllReducesActivationsOnTheTpGroup) {
 // Every member of a group issues the same collectives in the same order with the same sizes
 // (else a real run deadlocks or mixes up buffers), and p2p pairs up, on every rank of each
 // topology and on every update, the final partial one (with empty microbatches) included.
-TEST(Collectives, EveryGroupMemberIssuesTheSameCollectives) {
+TEST_F(Collectives, EveryGroupMemberIssuesTheSameCollectives) {
   struct Topo {
     std::string backend;
     int dp, tp, pp;

@@ -168,6 +168,16 @@ std::string report_json(const Report& r) {
               {"run_dir", run.run_dir},
               {"wall_seconds", run.wall_seconds}};
     if (!run.error.empty()) j["error"] = run.error;
+    if (run.diagnosis.ran) {
+      auto cand = [](const DiagnosisCandidate& c) {
+        return json{{"id", c.id}, {"description", c.description}, {"figure", json_number(c.figure)},
+                    {"worst_update", c.worst_update}};
+      };
+      json all = json::array();
+      for (const auto& c : run.diagnosis.candidates) all.push_back(cand(c));
+      j["diagnosis"] = {{"best", cand(run.diagnosis.best)}, {"runner_up", cand(run.diagnosis.runner_up)},
+                        {"candidates", all}, {"note", run.diagnosis.note}};
+    }
     runs.push_back(j);
   }
   json mutants = json::array();

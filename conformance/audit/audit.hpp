@@ -13,6 +13,7 @@
 #include "conformance/core/audit_result.hpp"
 #include "conformance/core/plan.hpp"
 #include "conformance/run/harness.hpp"
+#include "conformance/run/python_reference.hpp"
 
 namespace gradcert {
 
@@ -20,10 +21,6 @@ namespace gradcert {
 /// a mutant the side does not plant, or an adapter whose checkout or venv is missing.
 AuditSide resolve_audit_side(const std::string& name, const std::string& inject, const std::string& root);
 
-/// The gradcert checkout (it holds backends/python/command.sh): $GRADCERT_ROOT, else the
-/// folders above the executable (build/gradcert -> the checkout), else the working
-/// directory. Throws std::invalid_argument saying to set GRADCERT_ROOT.
-std::string locate_repo_root(const std::string& exe);
 
 struct AuditRequest {
   Spec spec;

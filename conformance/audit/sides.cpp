@@ -132,21 +132,5 @@ AuditSide resolve_audit_side(const std::string& name, const std::string& inject_
   return s;
 }
 
-std::string locate_repo_root(const std::string& exe) {
-  if (const char* e = std::getenv("GRADCERT_ROOT"); e && *e) return e;
-  auto ok = [](const fs::path& p) { return fs::exists(p / "backends/python/command.sh"); };
-  std::error_code ec;
-  fs::path p = exe.empty() ? fs::read_symlink("/proc/self/exe", ec) : fs::weakly_canonical(exe, ec);
-  if (!ec) {
-    p = p.parent_path();  // build/
-    for (int i = 0; i < 4 && !p.empty(); ++i, p = p.parent_path()) {
-      if (ok(p)) return p.string();
-      if (p == p.root_path()) break;
-    }
-  }
-  if (ok(fs::current_path(ec))) return fs::current_path(ec).string();
-  throw std::invalid_argument("cannot find the gradcert checkout (backends/python/command.sh) above " +
-                              (exe.empty() ? std::string("the executable") : exe) + ": set GRADCERT_ROOT");
-}
 
 }  // namespace gradcert

@@ -50,6 +50,7 @@ CheckResult tensor_parity(const std::string& id, const std::vector<ReferenceUpda
   double worst = 0, worst_abs = 0;
   bool first = true;
   std::string where = "no tensors";
+  std::string nonfinite;  // the first tensor with NaN or inf values, said in the detail
   for (size_t u = 0; u < ref.size(); ++u) {
     const TensorMap& expected = grads ? ref[u].grads : ref[u].params_after;
     const TensorMap& observed = grads ? run[u].grads : run[u].params_after;
@@ -65,6 +66,11 @@ CheckResult tensor_parity(const std::string& id, const std::vector<ReferenceUpda
         return {id, Verdict::Fail, std::numeric_limits<double>::infinity(), tolerance,
                 "update " + std::to_string(u) + ": " + ex.what()};
       }
+      if (err.nonfinite > 0 && nonfinite.empty())
+        nonfinite = "; " + std::to_string(err.nonfinite) + " non-finite value" + (err.nonfinite == 1 ? "" : "s") +
+                    " in update " + std::to_string(u) + " " + name + ", first at flat index " +
+                    std::to_string(err.first_nonfinite) + " (backend " + num(err.first_observed) + ", reference " +
+                    num(err.first_expected) + ")";
       if (first || std::isnan(err.relative) || err.relative > worst) {
         worst = err.relative;
         worst_abs = err.max_abs;
@@ -81,7 +87,7 @@ CheckResult tensor_parity(const std::string& id, const std::vector<ReferenceUpda
   }
   const bool ok = worst <= tolerance;  // NaN fails
   return {id, ok ? Verdict::Pass : Verdict::Fail, worst, tolerance,
-          "worst " + where + ": rel L2 " + num(worst) + ", max abs " + num(worst_abs)};
+          "worst " + where + ": rel L2 " + num(worst) + ", max abs " + num(worst_abs) + nonfinite};
 }
 
 }  // namespace
@@ -209,9 +215,74 @@ CheckResult check_grad_parity(const std::vector<ReferenceUpdate>& ref, const std
   return tensor_parity("grad.parity", ref, run, tolerance, true);
 }
 
+std::vector<TensorFigure> tensor_errors(const std::vector<ReferenceUpdate>& ref, const std::vector<BackendUpdate>& run) {
+  auto rel = [](const TensorMap& observed, const std::string& name, const HostTensor& expected) {
+    auto it = observed.find(name);
+    if (it == observed.end()) return std::numeric_limits<double>::infinity();
+    try {
+      return compare_tensors(it->second, expected).relative;
+    } catch (const ArtifactError&) {
+      return std::numeric_limits<double>::infinity();
+    }
+  };
+  std::vector<TensorFigure> out;
+  for (size_t u = 0; u < ref.size() && u < run.size(); ++u)
+    for (const auto& [name, g] : ref[u].grads) {
+      TensorFigure f;
+      f.update = static_cast<int>(u);
+      f.tensor = name;
+      f.grad_rel = rel(run[u].grads, name, g);
+      auto p = ref[u].params_after.find(name);
+      f.param_rel = p == ref[u].params_after.end() ? std::numeric_limits<double>::quiet_NaN()
+                                                   : rel(run[u].params_after, name, p->second);
+      out.push_back(std::move(f));
+    }
+  return out;
+}
+
 CheckResult check_params_parity(const std::vector<ReferenceUpdate>& ref, const std::vector<BackendUpdate>& run,
                                 double tolerance) {
   return tensor_parity("params.parity", ref, run, tolerance, false);
+}
+
+CheckResult check_grad_scale(const std::vector<ReferenceUpdate>& ref, const std::vector<BackendUpdate>& run,
+                             double tolerance) {
+  CheckResult c;
+  c.id = "grad.scale";
+  c.tolerance = tolerance;
+  if (!(tolerance > 0)) {
+    c.detail = "no scale tolerance set";
+    return c;
+  }
+  double worst = 0, worst_s = 1;
+  int worst_u = -1, first_bad = -1;
+  for (size_t u = 0; u < run.size() && u < ref.size(); ++u) {
+    long double dot = 0, rr = 0;
+    for (const auto& [name, r] : ref[u].grads) {
+      auto it = run[u].grads.find(name);
+      if (it == run[u].grads.end() || it->second.values.size() != r.values.size()) continue;
+      for (size_t i = 0; i < r.values.size(); ++i) {
+        dot += static_cast<long double>(it->second.values[i]) * r.values[i];
+        rr += static_cast<long double>(r.values[i]) * r.values[i];
+      }
+    }
+    if (!(rr > 0)) continue;
+    const double s = static_cast<double>(dot / rr);
+    const double dev = std::fabs(s - 1);
+    if (!(dev <= tolerance) && first_bad < 0) first_bad = static_cast<int>(u);
+    if (worst_u < 0 || !(dev <= worst)) worst = dev, worst_s = s, worst_u = static_cast<int>(u);
+  }
+  if (worst_u < 0) {
+    c.detail = "no update with a non-zero reference gradient";
+    return c;
+  }
+  c.figure = worst;
+  c.verdict = worst <= tolerance ? Verdict::Pass : Verdict::Fail;
+  char b[160];
+  std::snprintf(b, sizeof b, "worst update %d: the gradient is %.6g x the reference's along it", worst_u, worst_s);
+  c.detail = b;
+  if (first_bad >= 0 && first_bad != worst_u) c.detail += "; first failing update " + std::to_string(first_bad);
+  return c;
 }
 
 std::vector<CheckResult> run_checks(const Plan& plan, int64_t dataset_size, const std::vector<ReferenceUpdate>& ref,
@@ -262,6 +333,8 @@ const std::vector<CheckEntry>& check_table() {
        [](const CheckInput& in) { return check_global_mean_loss(*in.reference, *in.run, in.tolerance); }},
       {"grad.parity", "per tensor and update, relative L2 error of the gradient vs the reference", always,
        [](const CheckInput& in) { return check_grad_parity(*in.reference, *in.run, in.tolerance); }},
+      {"grad.scale", "per update, <g, g_ref> / <g_ref, g_ref> = 1: catches scale errors below the L2 noise", always,
+       [](const CheckInput& in) { return check_grad_scale(*in.reference, *in.run, in.scale_tolerance); }},
       {"params.parity", "per tensor, after every update, relative L2 error of the parameters", always,
        [](const CheckInput& in) { return check_params_parity(*in.reference, *in.run, in.tolerance); }},
       {"memory.lower_bound", "each rank's model state >= the estimate for that rank, and at most 2% above it",

@@ -28,6 +28,13 @@ CheckResult check_grad_parity(const std::vector<ReferenceUpdate>& ref, const std
 CheckResult check_params_parity(const std::vector<ReferenceUpdate>& ref, const std::vector<BackendUpdate>& run,
                                 double tolerance);
 
+/// Per update and per tensor of the reference: the relative L2 error of the backend's gradient
+/// and of its parameters after the step (what grad.parity and params.parity take the worst
+/// of). A tensor missing on the backend's side, or one that cannot be compared (shape), reads
+/// infinity; updates past the shorter of the two lists are left out. Reference order
+/// (by name); the report orders them as the model does.
+std::vector<TensorFigure> tensor_errors(const std::vector<ReferenceUpdate>& ref, const std::vector<BackendUpdate>& run);
+
 /// memory.lower_bound: measured model-state bytes (exact storage sum) hold at least the
 /// estimate's model_state() and at most 2% more. Figure: (measured - estimate) / estimate.
 /// Skips when either is not positive (not measured).
@@ -37,6 +44,12 @@ CheckResult check_memory_lower_bound(int64_t measured_model_state_bytes, int64_t
 /// the rank, bucket and phase of the largest peak ("rank 1, long bucket, backward: 3.20 MiB
 /// > budget 2.00 MiB").
 CheckResult check_memory_budget(const std::vector<PhasePeak>& peaks, double budget_bytes);
+
+/// Per update, the stack's gradient projected on the reference's over every tensor:
+/// s = <g, g_ref> / <g_ref, g_ref>. Figure: the largest |s - 1| (updates with g_ref = 0 are
+/// left out). A normalisation bug is a scale; rounding noise is mostly orthogonal to g_ref.
+CheckResult check_grad_scale(const std::vector<ReferenceUpdate>& ref, const std::vector<BackendUpdate>& run,
+                             double tolerance);
 
 /// Built-in runs: what each rank measured of its memory, and the estimate it is held to.
 struct RankMemoryEvidence {
@@ -57,6 +70,7 @@ struct CheckInput {
   const std::vector<ReferenceUpdate>* reference = nullptr;
   const std::vector<BackendUpdate>* run = nullptr;
   double tolerance = 0;                        ///< the parity tolerance of the run's dtype
+  double scale_tolerance = 0;                  ///< grad.scale's (0: grad.scale skips)
   const RunMemoryEvidence* memory = nullptr;   ///< null: the run measured no memory (external stacks)
 };
 

@@ -4,6 +4,8 @@
 #include <ctime>
 #include <filesystem>
 #include <iostream>
+#include <utility>
+#include <vector>
 
 #include "backends/catalog.hpp"
 #include "conformance/run/worker.hpp"
@@ -51,14 +53,21 @@ int main(int argc, char** argv) {
   auto* run = app.add_subcommand("run", "run one backend on a spec and check it against the reference");
   run->add_option("--spec", spec_path, "spec JSON file (default: the built-in spec)")->check(CLI::ExistingFile);
   run->add_option("--backend", backend, "backend name (see `gradcert backends`)")->capture_default_str();
-  run->add_option("--world", world, "ranks to start (default: the spec's topology)");
-  run->add_option("--tp", tp, "tensor-parallel degree (default: the spec's)");
-  run->add_option("--pp", pp, "pipeline-parallel degree (default: the spec's)");
+  // Counts given on the command line must be >= 1 (checked after parsing: exit 2, the option
+  // named); 0 in the variables means "not given: the spec's".
+  std::vector<std::pair<CLI::Option*, const int*>> counts;
+  counts.push_back({run->add_option("--world", world, "ranks to start (default: the spec's topology)"), &world});
+  counts.push_back({run->add_option("--tp", tp, "tensor-parallel degree (default: the spec's)"), &tp});
+  counts.push_back({run->add_option("--pp", pp, "pipeline-parallel degree (default: the spec's)"), &pp});
   run->add_option("--launcher", launcher, "local | mpirun")->capture_default_str();
   run->add_option("--inject", inject, "run with a planted bug (a mutant); the run passes if a check catches it");
   run->add_option("--dtype", dtype, "override the spec's dtype: float64 | float32 | bfloat16");
   run->add_option("--optimizer", optimizer, "override the spec's optimizer: sgd | adamw");
   run->add_option("--out", out, "report folder (default: reports/out/<timestamp>)");
+  std::string model;
+  run->add_option("--model", model,
+                  "your own model: FILE.py:FUNC or module:FUNC, FUNC(vocab_size, max_len) -> a torch causal LM "
+                  "(spec model.factory; --backend external)");
   std::string command;
   bool sampler_audit = false;
   run->add_option("--command", command,
@@ -68,9 +77,9 @@ int main(int argc, char** argv) {
 
   auto* plan_cmd = app.add_subcommand("plan", "print the plan: per update, rank and microstep: ids, tokens, N");
   plan_cmd->add_option("--spec", spec_path, "spec JSON file (default: the built-in spec)")->check(CLI::ExistingFile);
-  plan_cmd->add_option("--world", world, "ranks (default: the spec's topology)");
-  plan_cmd->add_option("--tp", tp, "tensor-parallel degree");
-  plan_cmd->add_option("--pp", pp, "pipeline-parallel degree");
+  counts.push_back({plan_cmd->add_option("--world", world, "ranks (default: the spec's topology)"), &world});
+  counts.push_back({plan_cmd->add_option("--tp", tp, "tensor-parallel degree"), &tp});
+  counts.push_back({plan_cmd->add_option("--pp", pp, "pipeline-parallel degree"), &pp});
   bool plan_json = false;
   plan_cmd->add_flag("--json", plan_json, "print the plan as JSON (the external-backend protocol)");
 
@@ -91,7 +100,7 @@ int main(int argc, char** argv) {
   audit_cmd->add_option("--before-inject", audit_req.before_inject, "plant a bug in the before side");
   audit_cmd->add_option("--after-inject", audit_req.after_inject, "plant a bug in the after side");
   audit_cmd->add_option("--spec", spec_path, "spec JSON file (default: the built-in spec)")->check(CLI::ExistingFile);
-  audit_cmd->add_option("--world", world, "ranks (default: the spec's topology)");
+  counts.push_back({audit_cmd->add_option("--world", world, "ranks (default: the spec's topology)"), &world});
   audit_cmd->add_option("--launcher", launcher, "local | mpirun (built-in backends)")->capture_default_str();
   audit_cmd->add_option("--dtype", dtype, "override the spec's dtype: float64 | float32 | bfloat16");
   audit_cmd->add_option("--optimizer", optimizer, "override the spec's optimizer: sgd | adamw");
@@ -115,6 +124,9 @@ int main(int argc, char** argv) {
   if (*estimate_cmd) return estimate_exit;
 
   try {
+    for (const auto& [opt, value] : counts)
+      if (opt->count() > 0 && *value < 1)
+        throw std::invalid_argument(opt->get_name() + ": must be >= 1, got " + std::to_string(*value));
     if (*worker) return worker_main(wargs);
     if (*spec_cmd) {
       std::cout << spec_to_json(Spec{}) << "\n";
@@ -164,6 +176,16 @@ int main(int argc, char** argv) {
         }
       }
       if (!optimizer.empty()) req.spec.optimizer.name = optimizer;
+      if (!model.empty()) {
+        // FILE.py:FUNC relative to where gradcert was started: the runner and the stack run elsewhere.
+        const auto colon = model.rfind(':');
+        std::error_code ec;
+        if (colon != std::string::npos &&
+            model.substr(0, colon).size() > 3 && model.substr(colon - 3, 3) == ".py" &&
+            std::filesystem::exists(model.substr(0, colon), ec))
+          model = std::filesystem::absolute(model.substr(0, colon), ec).string() + model.substr(colon);
+        req.spec.model.factory = model;
+      }
       req.backend = backend;
       req.world = world == 0 && backend == "single" ? std::max(1, tp) * std::max(1, pp) : world;
       req.tp = tp;

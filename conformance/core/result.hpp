@@ -28,6 +28,16 @@ struct CheckResult {
   std::string detail;
 };
 
+/// One tensor's error against the reference in one update: the per-tensor evidence behind
+/// grad.parity and params.parity (their figures are the worst of these). Relative L2;
+/// infinity when the tensor is missing on the backend's side or cannot be compared.
+struct TensorFigure {
+  int update = 0;
+  std::string tensor;
+  double grad_rel = 0;
+  double param_rel = 0;
+};
+
 /// Where and with what a report was made.
 struct Environment {
   std::string torch;     ///< torch version the ranks linked
@@ -38,6 +48,20 @@ struct Environment {
   uint64_t seed = 0;
   std::string host;
   std::string started;   ///< UTC, ISO 8601
+};
+
+/// One candidate objective and how far the stack's gradient is from it.
+struct DiagnosisCandidate {
+  std::string id, description;
+  double figure = 0;       ///< worst update's ||g - g_candidate|| / ||g_correct||
+  int worst_update = -1;
+};
+/// Which objective a stack's gradient matches (conformance/checks/diagnosis.hpp).
+struct Diagnosis {
+  bool ran = false;
+  DiagnosisCandidate best, runner_up;
+  std::vector<DiagnosisCandidate> candidates;
+  std::string note;  ///< one line: "matches local-mean (...) at 3e-16; runner-up ...", or why none ran
 };
 
 /// One backend run (or a failed attempt at one) and its checks.
@@ -59,6 +83,11 @@ struct RunReport {
   /// Rates from the manifest's step times; scaling against `single` is set by certify.
   bool has_throughput = false;
   Throughput throughput;
+  /// What the stack's gradient matches (runs whose reference has per-piece gradients).
+  Diagnosis diagnosis;
+  /// Optional: per update, per reference tensor (checks: tensor_errors); empty when the run
+  /// produced no artifacts. The HTML report charts it in model order.
+  std::vector<TensorFigure> tensor_errors;
 
   /// No check failed and the run did not fail.
   bool passed() const;

@@ -23,6 +23,9 @@ struct ModelSpec {
   int layers = 2;
   int d_ff = 32;
   int max_len = 24;
+  /// The user's own model: "FILE.py:FUNC" or "module:FUNC", FUNC(vocab_size, max_len) -> a
+  /// torch.nn.Module causal LM (backends/PROTOCOL.md). "": the built-in tiny LM above.
+  std::string factory;
 };
 
 /// The seeded synthetic dataset. Lengths follow a three-bucket distribution.
@@ -57,6 +60,7 @@ struct OptimizerSpec {
   double momentum = 0.0;     ///< sgd
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  ///< adamw
   double weight_decay = 0.0;
+  double max_grad_norm = 0.0;  ///< clip the full reduced gradient to this global L2 norm before the step (0: off)
 
   /// lr, or the optimizer's default when lr is 0.
   double learning_rate() const { return lr > 0 ? lr : (name == "adamw" ? 1e-3 : 0.1); }
@@ -67,6 +71,10 @@ struct ToleranceSpec {
   double float64 = 1e-10;
   double float32 = 2e-5;
   double bfloat16 = 1.5e-1;
+  /// grad.scale: |<g, g_ref> / <g_ref, g_ref> - 1| per update (NOTE [scale tolerances] in spec.cpp).
+  double scale_float64 = 1e-10;
+  double scale_float32 = 2e-6;
+  double scale_bfloat16 = 4e-2;
 };
 
 /// How the pp backend schedules the window's microbatches.
@@ -74,7 +82,10 @@ struct PipelineSpec {
   std::string schedule = "1f1b";  ///< "1f1b" | "gpipe"
 };
 
-/// Limits that keep a broken run from hanging.
+/// The range a timeout must lie in, in seconds (1 ms .. about 11.6 days).
+constexpr double kMinTimeoutSeconds = 1e-3, kMaxTimeoutSeconds = 1e6;
+
+/// Limits that keep a broken run from hanging; each in [kMinTimeoutSeconds, kMaxTimeoutSeconds].
 struct TimeoutSpec {
   double collective_s = 30;  ///< each collective (Gloo timeout)
   double run_s = 300;        ///< the whole rank group
@@ -102,6 +113,8 @@ struct Spec {
 
   /// The relative tolerance for this spec's dtype.
   double parity_tolerance() const;
+  /// The grad.scale tolerance for this spec's dtype.
+  double scale_tolerance() const;
 };
 
 /// Parses a spec from JSON text. Missing fields take defaults; an unknown field, a wrong

@@ -277,7 +277,7 @@ LaunchResult launch_local(const LaunchRequest& req) {
   const int world = req.world;
   std::vector<std::pair<std::string, std::string>> base;
   for (const auto& kv : req.env) base.emplace_back(kv.first, kv.second);
-  base.emplace_back("GRADCERT_WORLD", std::to_string(world));
+  if (req.rank_env) base.emplace_back("GRADCERT_WORLD", std::to_string(world));
 
   // Everything the children need is built before the first fork.
   std::vector<std::string> argv_s = req.argv;
@@ -293,8 +293,8 @@ LaunchResult launch_local(const LaunchRequest& req) {
   try {
     for (int r = 0; r < world; ++r) {
       auto overrides = base;
-      overrides.emplace_back("GRADCERT_RANK", std::to_string(r));
-      envs[r] = build_env(overrides);
+      if (req.rank_env) overrides.emplace_back("GRADCERT_RANK", std::to_string(r));
+      envs[r] = req.rank_env ? build_env(overrides) : build_env(overrides, {"GRADCERT_RANK", "GRADCERT_WORLD"});
       envs_c[r] = c_array(envs[r]);
       logs[r] = req.log_dir + "/rank" + std::to_string(r) + ".log";
       fds[r] = open_log(logs[r]);

@@ -20,6 +20,10 @@ struct LaunchRequest {
   std::vector<std::string> argv;
   /// Extra environment for every rank (added to the inherited environment).
   std::map<std::string, std::string> env;
+  /// The local launcher tells each rank GRADCERT_RANK / GRADCERT_WORLD. False for a command
+  /// that starts its own ranks (an external stack): then neither is set, and inherited ones
+  /// are removed, so its environment holds only what `env` says.
+  bool rank_env = true;
   /// Wall-clock limit for the whole group.
   std::chrono::milliseconds timeout{std::chrono::seconds(120)};
   /// Folder for per-rank logs: rank<r>.log holds that rank's stdout+stderr

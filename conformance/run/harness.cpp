@@ -1,9 +1,14 @@
 #include "conformance/run/harness.hpp"
 
+#include "conformance/checks/diagnosis.hpp"
+#include "conformance/protocol/reference_artifacts.hpp"
+#include "conformance/run/python_reference.hpp"
+
 #include "backends/catalog.hpp"
 #include "conformance/checks/checks.hpp"
 #include "conformance/core/files.hpp"
 #include "conformance/memory/memory.hpp"
+#include "conformance/protocol/run_folder.hpp"
 #include "conformance/protocol/safetensors.hpp"
 
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -147,6 +152,12 @@ RunReport run_backend(const RunRequest& req) {
     if (!req.inject.empty()) throw std::invalid_argument("--inject applies to built-in backends only");
   } else {
     if (req.sampler_audit) throw std::invalid_argument("--sampler-audit applies to --backend external only");
+    if (!spec.model.factory.empty())
+      throw std::invalid_argument("model.factory (--model) applies to --backend external: the built-in backends train "
+                                  "gradcert's tiny LM");
+    if (spec.optimizer.max_grad_norm > 0)
+      throw std::invalid_argument("optimizer.max_grad_norm applies to --backend external: the built-in backends do "
+                                  "not clip");
     auto backend = make_backend(req.backend);
     backend->validate(plan, world, parse_mutant(req.inject));
     backend->validate_model(spec.model, plan);
@@ -162,7 +173,7 @@ RunReport run_backend(const RunRequest& req) {
   report.update_batch = plan.update_batch;
   report.run_dir = req.run_dir;
 
-  fs::create_directories(req.run_dir);
+  const std::string nonce = prepare_run_folder(req.run_dir);  // NOTE [run nonce]
   write_file_atomic(req.run_dir + "/spec.json", spec_to_json(spec));
   write_file_atomic(req.run_dir + "/plan.json", plan_to_json(plan, spec));
 
@@ -184,10 +195,18 @@ RunReport run_backend(const RunRequest& req) {
   launch_req.argv = {req.exe, "worker", "--run-dir", req.run_dir, "--backend", req.backend,
                      "--port", std::to_string(store ? store->getPort() : 0)};
   if (!req.inject.empty()) launch_req.argv.insert(launch_req.argv.end(), {"--inject", req.inject});
+  launch_req.env = {{"GRADCERT_RUN_NONCE", nonce}};
   if (external) {
     // One launcher process runs the command; the stack starts its own ranks (e.g. torchrun).
     write_external_inputs(spec, req.run_dir);
+    // NOTE [model factory] The user's model: the reference runner calls the factory once
+    // (seeded) and writes initial.safetensors with the model's own names and shapes; the
+    // stack and the reference both start from it.
+    if (!spec.model.factory.empty())
+      run_python_tool(spec, "initial", "--plan '" + req.run_dir + "/plan.json' --out '" + req.run_dir +
+                                           "/initial.safetensors'", req.run_dir, "initial");
     launch_req.kind = LauncherKind::Local;
+    launch_req.rank_env = false;  // the stack's ranks are its own: no GRADCERT_RANK / GRADCERT_WORLD
     launch_req.world = 1;
     launch_req.argv = {"/bin/sh", "-c", req.command};
     launch_req.env = {{"GRADCERT_RUN_DIR", req.run_dir},
@@ -197,7 +216,8 @@ RunReport run_backend(const RunRequest& req) {
                       {"GRADCERT_OUT", req.run_dir},
                       {"GRADCERT_NPROC", std::to_string(world)},
                       {"GRADCERT_MASTER_PORT", std::to_string(free_local_port())},
-                      {"GRADCERT_SAMPLER", req.sampler_audit ? "own" : "plan"}};
+                      {"GRADCERT_SAMPLER", req.sampler_audit ? "own" : "plan"},
+                      {"GRADCERT_RUN_NONCE", nonce}};
   }
   launch_req.timeout = std::chrono::milliseconds(static_cast<int64_t>(spec.timeout.run_s * 1000));
   launch_req.log_dir = req.run_dir;
@@ -212,19 +232,36 @@ RunReport run_backend(const RunRequest& req) {
     }
   } else {
     try {
-      const TensorMap shapes = initial_params(spec);
-      const auto artifacts = read_run(req.run_dir, plan, world, shapes, spec.dtype);
+      const TensorMap shapes = spec.model.factory.empty()
+                                   ? initial_params(spec)
+                                   : read_safetensors(req.run_dir + "/initial.safetensors");
+      const auto artifacts = read_run(req.run_dir, plan, world, shapes, spec.dtype, nonce);
       // NOTE [sampler audit] The ledger and update size are checked against the plan (so a
       // duplicated or dropped example is a finding); the gradients against a reference over
       // the ids the stack really consumed (so the gradient math is judged on its own data).
-      const auto reference =
-          run_reference(spec, req.sampler_audit ? plan_from_consumed(spec, plan, artifacts) : plan);
+      std::vector<ReferenceUpdate> reference;
+      if (needs_python_reference(spec)) {
+        const std::string ref_dir = req.run_dir + "/reference";
+        run_python_tool(spec, "reference", "--run-dir '" + req.run_dir + "' --out '" + ref_dir + "'" +
+                                               (req.sampler_audit ? " --ids-from-ranks" : ""),
+                        req.run_dir, "reference-log");
+        ReferenceRun ref = read_reference_run(ref_dir, plan, shapes);
+        reference = std::move(ref.updates);
+        report.diagnosis = diagnose(ref.pieces, reference, artifacts, plan.dp, plan.accum, spec.parity_tolerance());
+        if (!ref.float64_throughout)
+          report.diagnosis.note += "; NOTE: the model computes in lower precision inside although cast to float64 (" +
+                                   ref.precision_note + ")";
+      } else {
+        reference = run_reference(spec, req.sampler_audit ? plan_from_consumed(spec, plan, artifacts) : plan);
+        report.diagnosis.note = "no diagnosis: the C++ reference computes no per-piece gradients (run with --model)";
+      }
       CheckInput input;
       input.plan = &plan;
       input.dataset_size = spec.dataset.size;
       input.reference = &reference;
       input.run = &artifacts;
       input.tolerance = spec.parity_tolerance();
+      input.scale_tolerance = spec.scale_tolerance();
       RunMemoryEvidence memory;
       if (external) {
         add_throughput(report, plan, artifacts);  // memory: the protocol has no memory file (v1)
@@ -233,8 +270,11 @@ RunReport run_backend(const RunRequest& req) {
         input.memory = &memory;
       }
       report.checks = run_checks(input);
+      report.tensor_errors = tensor_errors(reference, artifacts);  // per-tensor figures (HTML report)
     } catch (const ArtifactError& e) {
       report.error = std::string("bad artifacts: ") + e.what();
+    } catch (const std::runtime_error& e) {  // the reference runner failed
+      report.error = e.what();
     }
   }
   report.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

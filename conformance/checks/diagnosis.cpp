@@ -1,0 +1,142 @@
+#include "conformance/checks/diagnosis.hpp"
+
+#include <cmath>
+#include <limits>
+#include <map>
+
+#include "conformance/core/format.hpp"
+
+namespace gradcert {
+
+namespace {
+
+double inv(double x) { return x > 0 ? 1.0 / x : 0.0; }
+
+int64_t rank_targets(const UpdatePieces& w, int dp_rank) {
+  int64_t n = 0;
+  for (const auto& p : w.meta)
+    if (p.dp_rank == dp_rank) n += p.valid_targets;
+  return n;
+}
+
+int64_t rows(const UpdatePieces& w) {
+  int64_t n = 0;
+  for (const auto& p : w.meta) n += p.rows_with_targets;
+  return n;
+}
+
+}  // namespace
+
+// NOTE [objective candidates] A data-parallel stack that averages gradients over D ranks and
+// sums them over A microsteps holds g = sum_{r,a} (scale_{r,a} / D) grad S_{r,a}; each
+// candidate is one rule for scale (backends/python/gradcert_ref/mutants.py plants the same
+// rules in the adapters). Where two candidates coincide on every window of a run (e.g. no
+// partial window), the diagnosis cannot tell them apart and names the first in this order.
+const std::vector<ObjectiveCandidate>& objective_candidates() {
+  static const std::vector<ObjectiveCandidate> all = {
+      {"global-mean", "the global token mean sum S / N (correct)",
+       [](const PieceMeta&, const UpdatePieces& w, int, int) { return inv(double(w.valid_targets)); }},
+      {"local-mean", "each rank's own token mean, averaged over ranks",
+       [](const PieceMeta& p, const UpdatePieces& w, int dp, int) {
+         return inv(double(rank_targets(w, p.dp_rank))) / dp;
+       }},
+      {"micro-mean", "each microbatch's token mean divided by A (the 2024 gradient-accumulation bug class)",
+       [](const PieceMeta& p, const UpdatePieces&, int dp, int accum) {
+         return inv(double(p.valid_targets) * accum) / dp;
+       }},
+      {"partial-nominal-accum", "the partial final window: per-microbatch means divided by the nominal A",
+       [](const PieceMeta& p, const UpdatePieces& w, int dp, int accum) {
+         return w.partial ? inv(double(p.valid_targets) * accum) / dp : inv(double(w.valid_targets));
+       }},
+      {"unshifted-count", "N counted on unshifted labels (one extra target per row)",
+       [](const PieceMeta&, const UpdatePieces& w, int, int) { return inv(double(w.valid_targets + rows(w))); }},
+      {"drop-partial-window", "the partial final window dropped (no gradient)",
+       [](const PieceMeta&, const UpdatePieces& w, int, int) { return w.partial ? 0.0 : inv(double(w.valid_targets)); }},
+      {"sum-over-ranks", "gradients summed over ranks instead of averaged (x D)",
+       [](const PieceMeta&, const UpdatePieces& w, int dp, int) { return dp * inv(double(w.valid_targets)); }},
+      {"divided-by-d-twice", "divided by D twice (loss scaling and a reduce-op average both applied)",
+       [](const PieceMeta&, const UpdatePieces& w, int dp, int) { return inv(double(w.valid_targets)) / dp; }},
+  };
+  return all;
+}
+
+// The stack's parameters after update u-1 agree with the reference's (relative L2 over every tensor).
+bool same_start(const std::vector<ReferenceUpdate>& ref, const std::vector<BackendUpdate>& run, int u, double tol) {
+  if (u == 0) return true;
+  if (static_cast<size_t>(u) > ref.size() || static_cast<size_t>(u) > run.size()) return false;
+  long double d2 = 0, r2 = 0;
+  for (const auto& [name, r] : ref[u - 1].params_after) {
+    auto it = run[u - 1].params_after.find(name);
+    if (it == run[u - 1].params_after.end() || it->second.values.size() != r.values.size()) return false;
+    for (size_t i = 0; i < r.values.size(); ++i) {
+      const double e = it->second.values[i] - r.values[i];
+      d2 += static_cast<long double>(e) * e;
+      r2 += static_cast<long double>(r.values[i]) * r.values[i];
+    }
+  }
+  return r2 > 0 && std::sqrt(static_cast<double>(d2 / r2)) <= tol;
+}
+
+Diagnosis diagnose(const std::vector<UpdatePieces>& pieces, const std::vector<ReferenceUpdate>& reference,
+                   const std::vector<BackendUpdate>& run, int dp, int accum, double tolerance) {
+  Diagnosis d;
+  if (pieces.empty()) {
+    d.note = "no reference pieces (the C++ reference computes none; run with --model for a diagnosis)";
+    return d;
+  }
+  const auto& cands = objective_candidates();
+  std::vector<double> worst(cands.size(), 0);
+  std::vector<int> worst_update(cands.size(), -1);
+  std::string judged;
+  for (const auto& w : pieces) {
+    if (w.update < 0 || static_cast<size_t>(w.update) >= run.size()) continue;
+    if (!same_start(reference, run, w.update, tolerance)) continue;
+    judged += (judged.empty() ? "" : ", ") + std::to_string(w.update);
+    const auto& g = run[w.update].grads;
+    // ||g - g_c||^2 per candidate and ||g_global||^2, element by element over every tensor.
+    std::vector<long double> diff2(cands.size(), 0);
+    long double ref2 = 0;
+    for (const auto& [name, gt] : g) {
+      const size_t n = gt.values.size();
+      std::vector<std::vector<double>> gc(cands.size(), std::vector<double>(n, 0));
+      for (const auto& p : w.meta) {
+        auto it = w.grads.find("r" + std::to_string(p.dp_rank) + ".a" + std::to_string(p.micro) + "." + name);
+        if (it == w.grads.end() || it->second.values.size() != n) continue;
+        for (size_t c = 0; c < cands.size(); ++c) {
+          const double k = cands[c].coefficient(p, w, dp, accum);
+          if (k == 0) continue;
+          for (size_t i = 0; i < n; ++i) gc[c][i] += k * it->second.values[i];
+        }
+      }
+      for (size_t i = 0; i < n; ++i) {
+        ref2 += static_cast<long double>(gc[0][i]) * gc[0][i];
+        for (size_t c = 0; c < cands.size(); ++c) {
+          const double e = gt.values[i] - gc[c][i];
+          diff2[c] += static_cast<long double>(e) * e;
+        }
+      }
+    }
+    const double rn = std::sqrt(static_cast<double>(ref2));
+    for (size_t c = 0; c < cands.size(); ++c) {
+      const double dn = std::sqrt(static_cast<double>(diff2[c]));
+      const double fig = rn > 0 ? dn / rn : dn;
+      if (!(fig <= worst[c])) worst[c] = fig, worst_update[c] = w.update;
+    }
+  }
+  size_t best = 0, second = cands.size() > 1 ? 1 : 0;
+  for (size_t c = 0; c < cands.size(); ++c) {
+    if (worst[c] < worst[best]) second = best, best = c;
+    else if (c != best && (second == best || worst[c] < worst[second])) second = c;
+  }
+  d.ran = true;
+  for (size_t c = 0; c < cands.size(); ++c)
+    d.candidates.push_back({cands[c].id, cands[c].description, worst[c], worst_update[c]});
+  d.best = d.candidates[best];
+  d.runner_up = d.candidates[second];
+  d.note = "matches " + d.best.id + " (" + d.best.description + ") at " + figure_text(d.best.figure) +
+           "; runner-up " + d.runner_up.id + " at " + figure_text(d.runner_up.figure) +
+           " (judged on updates " + judged + ": those the stack started from the reference's parameters)";
+  return d;
+}
+
+}  // namespace gradcert

@@ -1,0 +1,90 @@
+#include "conformance/protocol/reference_artifacts.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include "conformance/core/files.hpp"
+#include "conformance/protocol/safetensors.hpp"
+
+namespace gradcert {
+
+namespace {
+
+using nlohmann::json;
+
+json parse_file(const std::string& path) {
+  try {
+    return json::parse(read_text_file(path));
+  } catch (const json::exception& e) {
+    throw ArtifactError(path + ": not valid JSON: " + e.what());
+  }
+}
+
+int64_t integer(const json& j, const char* key, const std::string& where) {
+  if (!j.is_object() || !j.contains(key) || !j[key].is_number_integer())
+    throw ArtifactError(where + ": '" + key + "' missing or not an integer");
+  return j[key].get<int64_t>();
+}
+
+double number(const json& j, const char* key, const std::string& where) {
+  if (!j.is_object() || !j.contains(key) || !j[key].is_number())
+    throw ArtifactError(where + ": '" + key + "' missing or not a number");
+  return j[key].get<double>();
+}
+
+}  // namespace
+
+ReferenceRun read_reference_run(const std::string& dir, const Plan& plan, const TensorMap& expected) {
+  const std::string mpath = dir + "/manifest.json";
+  const json m = parse_file(mpath);
+  if (!m.is_object() || !m.contains("updates") || !m["updates"].is_array())
+    throw ArtifactError(mpath + ": 'updates' missing or not an array");
+  if (m["updates"].size() != plan.windows.size())
+    throw ArtifactError(mpath + ": " + std::to_string(m["updates"].size()) + " updates, the plan has " +
+                        std::to_string(plan.windows.size()));
+  std::map<std::string, TensorExpectation> expect;
+  for (const auto& [name, t] : expected) expect[name] = {t.shape, DType::Float64};
+  ReferenceRun out;
+  if (m.contains("precision") && m["precision"].is_object()) {
+    const json& p = m["precision"];
+    out.float64_throughout = p.value("float64_throughout", true);
+    if (!out.float64_throughout) out.precision_note = p.dump().substr(0, 400);
+  }
+  for (size_t u = 0; u < plan.windows.size(); ++u) {
+    const json& e = m["updates"][u];
+    const std::string where = mpath + ": updates[" + std::to_string(u) + "]";
+    ReferenceUpdate r;
+    r.update = static_cast<int>(integer(e, "update", where));
+    if (r.update != static_cast<int>(u)) throw ArtifactError(where + ": update " + std::to_string(r.update));
+    r.loss = number(e, "loss", where);
+    r.valid_targets = integer(e, "valid_targets", where);
+    r.grads = read_safetensors(dir + "/u" + std::to_string(u) + ".grads.safetensors", expect);
+    r.params_after = read_safetensors(dir + "/u" + std::to_string(u) + ".params.safetensors", expect);
+    out.updates.push_back(std::move(r));
+    if (!e.contains("pieces_json")) continue;
+    const std::string ppath = dir + "/u" + std::to_string(u) + ".pieces.json";
+    const json pj = parse_file(ppath);
+    UpdatePieces up;
+    up.update = static_cast<int>(u);
+    up.partial = pj.value("partial", false);
+    up.valid_targets = integer(pj, "valid_targets", ppath);
+    std::map<std::string, TensorExpectation> pexpect;
+    if (!pj.contains("pieces") || !pj["pieces"].is_array()) throw ArtifactError(ppath + ": 'pieces' missing");
+    for (const auto& p : pj["pieces"]) {
+      PieceMeta pm;
+      pm.dp_rank = static_cast<int>(integer(p, "dp_rank", ppath));
+      pm.micro = static_cast<int>(integer(p, "micro", ppath));
+      pm.loss_sum = number(p, "loss_sum", ppath);
+      pm.valid_targets = integer(p, "valid_targets", ppath);
+      pm.rows_with_targets = integer(p, "rows_with_targets", ppath);
+      up.meta.push_back(pm);
+      for (const auto& [name, t] : expected)
+        pexpect["r" + std::to_string(pm.dp_rank) + ".a" + std::to_string(pm.micro) + "." + name] = {t.shape,
+                                                                                                     DType::Float64};
+    }
+    up.grads = read_safetensors(dir + "/u" + std::to_string(u) + ".pieces.safetensors", pexpect);
+    out.pieces.push_back(std::move(up));
+  }
+  return out;
+}
+
+}  // namespace gradcert

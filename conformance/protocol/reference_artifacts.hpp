@@ -1,0 +1,42 @@
+// The reference runner's artifacts read back (backends/python/gradcert_ref/reference.py writes
+// them in the protocol's format): per update the loss, N, the gradient and the parameters after
+// the step, and per (DP rank, microstep) piece the gradient of its loss sum.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "conformance/core/plan.hpp"
+#include "conformance/protocol/artifacts.hpp"
+
+namespace gradcert {
+
+/// One (DP rank, microstep) piece of a window.
+struct PieceMeta {
+  int dp_rank = 0, micro = 0;
+  double loss_sum = 0;               ///< S_{r,a}
+  int64_t valid_targets = 0;         ///< n_{r,a}
+  int64_t rows_with_targets = 0;     ///< examples with at least one target
+};
+
+/// The pieces of one update: their metadata and gradients (names "r<r>.a<a>.<param>").
+struct UpdatePieces {
+  int update = 0;
+  bool partial = false;
+  int64_t valid_targets = 0;  ///< N
+  std::vector<PieceMeta> meta;
+  TensorMap grads;            ///< by "r<r>.a<a>.<param>"
+};
+
+/// What the reference runner wrote into `dir`.
+struct ReferenceRun {
+  std::vector<ReferenceUpdate> updates;
+  std::vector<UpdatePieces> pieces;   ///< empty when the runner wrote none
+  bool float64_throughout = true;     ///< the manifest's precision record
+  std::string precision_note;         ///< what ran in lower precision, when not
+};
+
+/// Reads <dir>/manifest.json and the tensors it names strictly (names and shapes from
+/// `expected`, float64). Throws ArtifactError naming the file.
+ReferenceRun read_reference_run(const std::string& dir, const Plan& plan, const TensorMap& expected);
+
+}  // namespace gradcert

@@ -175,7 +175,7 @@ std::string report_json(const Report& r) {
       };
       json all = json::array();
       for (const auto& c : run.diagnosis.candidates) all.push_back(cand(c));
-      j["diagnosis"] = {{"best", cand(run.diagnosis.best)}, {"runner_up", cand(run.diagnosis.runner_up)},
+      j["diagnosis"] = {{"matched", run.diagnosis.matched}, {"best", cand(run.diagnosis.best)}, {"runner_up", cand(run.diagnosis.runner_up)},
                         {"candidates", all}, {"note", run.diagnosis.note}};
     }
     runs.push_back(j);

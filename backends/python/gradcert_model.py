@@ -328,7 +328,14 @@ def train(run: client.Run, rank: int, world: int, model: nn.Module, strategy: St
     consumed_all = run.consumed(rank)
     recorder = client.GradRecorder(optimizer, source=strategy.full_grads)  # gathers outside the timed region
     clip_handle = None
-    if plan.max_grad_norm > 0:
+    # clip-per-rank: each rank clips its own accumulated gradient before the reduction (a
+    # replica whose wrapper reduces inside backward cannot do it; the mutant accumulates
+    # under no sync and reduces by hand, so what the stack steps on is the mean of per-rank
+    # clipped gradients, not the clipped mean).
+    per_rank_clip = mutant == "clip-per-rank"
+    if per_rank_clip and not plan.max_grad_norm > 0:
+        fail("--mutant clip-per-rank needs optimizer.max_grad_norm > 0 in the spec")
+    if plan.max_grad_norm > 0 and not per_rank_clip:
         opt_params = [m for _, m in masters.values()] if masters else [p for p in model.parameters()]
         clip_handle = optimizer.register_step_pre_hook(
             lambda *_: strategy.clip_grad_norm(opt_params, plan.max_grad_norm))
@@ -350,7 +357,7 @@ def train(run: client.Run, rank: int, world: int, model: nn.Module, strategy: St
         model.zero_grad(set_to_none=True)
         S_r = 0.0
         for a, b in enumerate(batches):
-            last = a == len(batches) - 1
+            last = a == len(batches) - 1 and not per_rank_clip
             if b is None and not (last or strategy.empty_microsteps_need_collectives):
                 continue  # nothing to add, and no collective to join (e.g. DDP under no_sync)
             with strategy.microstep(last):
@@ -367,6 +374,15 @@ def train(run: client.Run, rank: int, world: int, model: nn.Module, strategy: St
                 S = loss_sum(model, b.input, b.labels, data.ignore_index)
                 (S * scale).backward()
                 S_r += float(S.detach().to(torch.float64))
+        if per_rank_clip:
+            local = [p for p in model.parameters()]
+            for p in local:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+            torch.nn.utils.clip_grad_norm_(local, plan.max_grad_norm, foreach=False)
+            for p in local:
+                dist.all_reduce(p.grad)
+                p.grad.div_(world)
         if masters:
             for p, master in masters.values():
                 master.grad = p.grad.detach().to(master.dtype)

@@ -133,7 +133,10 @@ Diagnosis diagnose(const std::vector<UpdatePieces>& pieces, const std::vector<Re
     d.candidates.push_back({cands[c].id, cands[c].description, worst[c], worst_update[c]});
   d.best = d.candidates[best];
   d.runner_up = d.candidates[second];
-  d.note = "matches " + d.best.id + " (" + d.best.description + ") at " + figure_text(d.best.figure) +
+  const bool matched = d.best.figure <= tolerance;
+  d.matched = matched;
+  d.note = (matched ? "matches " : "matches no candidate within " + figure_text(tolerance) + "; closest ") + d.best.id +
+           " (" + d.best.description + ") at " + figure_text(d.best.figure) +
            "; runner-up " + d.runner_up.id + " at " + figure_text(d.runner_up.figure) +
            " (judged on updates " + judged + ": those the stack started from the reference's parameters)";
   return d;

@@ -59,6 +59,7 @@ struct DiagnosisCandidate {
 /// Which objective a stack's gradient matches (conformance/checks/diagnosis.hpp).
 struct Diagnosis {
   bool ran = false;
+  bool matched = false;  ///< the best candidate is within the run's parity tolerance
   DiagnosisCandidate best, runner_up;
   std::vector<DiagnosisCandidate> candidates;
   std::string note;  ///< one line: "matches local-mean (...) at 3e-16; runner-up ...", or why none ran

@@ -366,12 +366,25 @@ def versions(adapter: str, extra: dict | None = None) -> dict:
     return v
 
 
-def rank_json(rank: int, dp_rank: int, updates: list) -> dict:
-    return {"schema": "gradcert.rank/1", "rank": rank, "dp_rank": dp_rank, "updates": updates}
+def run_nonce(env=None) -> str | None:
+    """GRADCERT_RUN_NONCE: this run's nonce, which rank<g>.json and manifest.json echo as
+    "nonce" (gradcert refuses files without it or with another run's)."""
+    env = os.environ if env is None else env
+    return env.get("GRADCERT_RUN_NONCE") or None
 
 
-def manifest_json(backend: str, world: int, updates: list, versions_: dict | None = None, **extra) -> dict:
+def rank_json(rank: int, dp_rank: int, updates: list, nonce: str | None = None) -> dict:
+    r = {"schema": "gradcert.rank/1", "rank": rank, "dp_rank": dp_rank, "updates": updates}
+    if nonce is not None:
+        r["nonce"] = nonce
+    return r
+
+
+def manifest_json(backend: str, world: int, updates: list, versions_: dict | None = None, nonce: str | None = None,
+                  **extra) -> dict:
     m = {"schema": "gradcert.artifacts/1", "backend": backend, "world": world, "updates": updates}
+    if nonce is not None:
+        m["nonce"] = nonce
     if versions_:
         m["versions"] = versions_
     m.update({k: v for k, v in extra.items() if v is not None})
@@ -382,13 +395,16 @@ class ArtifactWriter:
     """Collects what rank<g>.json and manifest.json say; rank 0 writes the tensors as each
     update completes and the manifest at the end."""
 
-    def __init__(self, out: str, rank: int, world: int, backend: str, dtype: torch.dtype, dp_rank: int | None = None):
+    def __init__(self, out: str, rank: int, world: int, backend: str, dtype: torch.dtype, dp_rank: int | None = None,
+                 nonce: str | None = None):
         self.out, self.rank, self.world, self.backend, self.dtype = out, rank, world, backend, dtype
         self.dp_rank = rank if dp_rank is None else dp_rank
+        self.nonce = run_nonce() if nonce is None else nonce  # GRADCERT_RUN_NONCE
         self.rank_updates, self.manifest_updates = [], []
         self.memory = {}
 
     def record(self, update, consumed, loss_sum_r, targets_r, loss, N, step_seconds, grads, params, extra=None):
+        # Written as given: gradcert refuses 3.0 or True where an id or a count belongs.
         self.rank_updates.append({"update": update, "consumed": consumed, "loss_sum": loss_sum_r,
                                   "valid_targets": targets_r})
         gname, pname = f"u{update}.grads.safetensors", f"u{update}.params.safetensors"
@@ -402,10 +418,10 @@ class ArtifactWriter:
 
     def finish(self, extra_versions=None, notes=None, extra=None):
         write_json(os.path.join(self.out, f"rank{self.rank}.json"),
-                   rank_json(self.rank, self.dp_rank, self.rank_updates))
+                   rank_json(self.rank, self.dp_rank, self.rank_updates, self.nonce))
         if self.rank == 0:
             m = manifest_json(self.backend, self.world, self.manifest_updates,
-                              versions(self.backend, extra_versions), notes=notes)
+                              versions(self.backend, extra_versions), nonce=self.nonce, notes=notes)
             m.update(self.memory)
             m.update(extra or {})
             write_json(os.path.join(self.out, "manifest.json"), m)

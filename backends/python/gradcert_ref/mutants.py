@@ -46,6 +46,7 @@ MUTANTS = {
     "unshifted-count": "N counted on unshifted labels: one extra target per row with targets",
     "drop-partial-window": "the partial final window is skipped (no step; zero gradient artifact)",
     "grad-scale-1.05": "a uniform 1.05x gradient scale",
+    "clip-per-rank": "each rank clips its own gradient before the reduction (torch-ddp; needs optimizer.max_grad_norm)",
 }
 
 GRAD_SCALE = 1.05

@@ -65,3 +65,14 @@ def not_a_module(vocab_size, max_len):
 
 def raises(vocab_size, max_len):
     raise RuntimeError("boom")
+
+
+def gpt2_lm(vocab_size, max_len):
+    """A Hugging Face GPT-2 from a tiny config (no hub download): transformers' own model
+    code, tied input/output embeddings, dropout off (the reference and the stack must run
+    the same function)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = GPT2Config(vocab_size=vocab_size, n_positions=max_len, n_embd=16, n_layer=2, n_head=2,
+                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    return GPT2LMHeadModel(cfg)

@@ -285,6 +285,49 @@ CheckResult check_grad_scale(const std::vector<ReferenceUpdate>& ref, const std:
   return c;
 }
 
+CheckResult check_rank_sums(const std::vector<ReferenceUpdate>& ref, const std::vector<BackendUpdate>& run,
+                            const std::vector<int64_t>& targets_of_id, double tolerance) {
+  CheckResult c;
+  c.id = "ranks.local_sums";
+  c.tolerance = tolerance;
+  bool any = false, sums = false;
+  std::string first_bad;
+  for (size_t u = 0; u < run.size(); ++u)
+    for (const auto& r : run[u].ranks) {
+      const std::string where = "update " + std::to_string(u) + ", rank " + std::to_string(r.rank);
+      if (r.valid_targets >= 0) {
+        int64_t n = 0;
+        for (const auto& mb : r.consumed)
+          for (auto id : mb)
+            if (id >= 0 && static_cast<size_t>(id) < targets_of_id.size()) n += targets_of_id[id];
+        any = true;
+        const double dev = std::fabs(static_cast<double>(r.valid_targets - n));
+        if (dev > 0 && first_bad.empty())
+          first_bad = where + ": valid_targets " + std::to_string(r.valid_targets) + ", the recount of its ids is " +
+                      std::to_string(n);
+        if (dev > c.figure) c.figure = dev, c.detail = where + ": valid_targets " + std::to_string(r.valid_targets) +
+                                                       " vs recount " + std::to_string(n);
+      }
+      if (r.has_loss_sum && u < ref.size() && static_cast<size_t>(r.dp_rank) < ref[u].rank_loss_sums.size()) {
+        const double S = ref[u].rank_loss_sums[r.dp_rank];
+        const double rel = std::fabs(r.loss_sum - S) / std::max(std::fabs(S), 1.0);
+        any = sums = true;
+        if (!(rel <= tolerance) && first_bad.empty())
+          first_bad = where + ": loss_sum " + num(r.loss_sum) + ", the reference's S_r is " + num(S);
+        if (!(rel <= c.figure)) c.figure = rel, c.detail = where + ": loss_sum " + num(r.loss_sum) + " vs reference " + num(S);
+      }
+    }
+  if (!any) {
+    c.detail = "no rank reported its valid_targets or loss_sum";
+    return c;
+  }
+  c.verdict = first_bad.empty() ? Verdict::Pass : Verdict::Fail;
+  if (!first_bad.empty()) c.detail = "first: " + first_bad + "; worst: " + c.detail;
+  else c.detail = std::string("every rank's valid_targets") + (sums ? " and loss_sum" : "") + " match" +
+                  (sums ? "" : " (loss sums not checked: the reference has no per-rank sums)");
+  return c;
+}
+
 std::vector<CheckResult> run_checks(const Plan& plan, int64_t dataset_size, const std::vector<ReferenceUpdate>& ref,
                                     const std::vector<BackendUpdate>& run, double tolerance) {
   CheckInput in;
@@ -329,6 +372,9 @@ const std::vector<CheckEntry>& check_table() {
        [](const CheckInput& in) { return check_sample_ledger(*in.plan, in.dataset_size, *in.run); }},
       {"targets.window_count", "the N the backend used = the reference's recount of valid targets in the window",
        always, [](const CheckInput& in) { return check_window_count(*in.reference, *in.run); }},
+      {"ranks.local_sums", "each rank's valid_targets = the recount of its ids; its loss_sum = the reference's S_r",
+       [](const CheckInput& in) { return in.targets_of_id != nullptr; },
+       [](const CheckInput& in) { return check_rank_sums(*in.reference, *in.run, *in.targets_of_id, in.tolerance); }},
       {"loss.global_mean", "the backend's loss = the global token mean (relative error)", always,
        [](const CheckInput& in) { return check_global_mean_loss(*in.reference, *in.run, in.tolerance); }},
       {"grad.parity", "per tensor and update, relative L2 error of the gradient vs the reference", always,
@@ -352,10 +398,12 @@ std::vector<CheckResult> run_checks(const CheckInput& input) {
   return out;
 }
 
-std::vector<std::string> check_ids(bool memory) {
+std::vector<std::string> check_ids(bool memory, bool target_counts) {
   RunMemoryEvidence none;
+  const std::vector<int64_t> no_targets;
   CheckInput probe;
   if (memory) probe.memory = &none;
+  if (target_counts) probe.targets_of_id = &no_targets;
   std::vector<std::string> out;
   for (const auto& e : check_table())
     if (e.applies(probe)) out.push_back(e.id);

@@ -51,6 +51,12 @@ CheckResult check_memory_budget(const std::vector<PhasePeak>& peaks, double budg
 CheckResult check_grad_scale(const std::vector<ReferenceUpdate>& ref, const std::vector<BackendUpdate>& run,
                              double tolerance);
 
+/// Every rank's reported valid_targets = the recount of the ids it consumed, and its loss_sum
+/// = the reference's S_r for its DP rank (where the reference has per-rank sums), relative
+/// to max(|S_r|, 1). Figure: the largest error; the detail names the rank and update.
+CheckResult check_rank_sums(const std::vector<ReferenceUpdate>& ref, const std::vector<BackendUpdate>& run,
+                            const std::vector<int64_t>& targets_of_id, double tolerance);
+
 /// Built-in runs: what each rank measured of its memory, and the estimate it is held to.
 struct RankMemoryEvidence {
   int rank = 0;
@@ -72,6 +78,8 @@ struct CheckInput {
   double tolerance = 0;                        ///< the parity tolerance of the run's dtype
   double scale_tolerance = 0;                  ///< grad.scale's (0: grad.scale skips)
   const RunMemoryEvidence* memory = nullptr;   ///< null: the run measured no memory (external stacks)
+  /// Valid targets of each dataset example by id (the recount ranks.local_sums holds ranks to).
+  const std::vector<int64_t>* targets_of_id = nullptr;
 };
 
 /// One row of the check table: its id, what it holds, when it applies, and the check.
@@ -86,8 +94,9 @@ struct CheckEntry {
 const std::vector<CheckEntry>& check_table();
 /// Every applicable check of the table on `input`, in report order.
 std::vector<CheckResult> run_checks(const CheckInput& input);
-/// The ids of the checks that apply to a run with (`with_memory`) or without memory evidence.
-std::vector<std::string> check_ids(bool with_memory);
+/// The ids of the checks that apply to a run with (`with_memory`) or without memory evidence,
+/// and with (harness runs) or without the dataset's per-example target counts.
+std::vector<std::string> check_ids(bool with_memory, bool with_target_counts = true);
 
 /// Every check above, in report order (no memory evidence).
 std::vector<CheckResult> run_checks(const Plan& plan, int64_t dataset_size, const std::vector<ReferenceUpdate>& ref,

@@ -1,8 +1,10 @@
 #include "conformance/protocol/artifacts.hpp"
 
 #include "conformance/core/files.hpp"
+#include "conformance/core/strict_json.hpp"
 #include "conformance/protocol/safetensors.hpp"
 
+#include <cstdint>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -11,12 +13,13 @@ namespace gradcert {
 
 using nlohmann::json;
 
-void write_rank_record(const std::string& dir, int rank, int dp_rank, const std::vector<RankUpdateRecord>& updates) {
+void write_rank_record(const std::string& dir, int rank, int dp_rank, const std::vector<RankUpdateRecord>& updates,
+                       const std::string& nonce) {
   json ups = json::array();
   for (const auto& u : updates)
     ups.push_back({{"update", u.update}, {"consumed", u.consumed}, {"loss_sum", u.loss_sum},
                    {"valid_targets", u.valid_targets}});
-  json j = {{"schema", "gradcert.rank/1"}, {"rank", rank}, {"dp_rank", dp_rank}, {"updates", ups}};
+  json j = {{"schema", "gradcert.rank/1"}, {"rank", rank}, {"dp_rank", dp_rank}, {"nonce", nonce}, {"updates", ups}};
   write_file_atomic(dir + "/rank" + std::to_string(rank) + ".json", j.dump(1));
 }
 
@@ -30,87 +33,173 @@ void write_update_tensors(const std::string& dir, int update, const TensorMap& g
 }
 
 void write_manifest(const std::string& dir, const std::string& backend, int world,
-                    const std::vector<ManifestUpdate>& updates) {
+                    const std::vector<ManifestUpdate>& updates, const std::string& nonce) {
   json ups = json::array();
   for (const auto& u : updates)
     ups.push_back({{"update", u.update}, {"loss", u.loss}, {"valid_targets", u.valid_targets},
                    {"step_seconds", u.step_seconds}, {"grads", tensor_file(u.update, "grads")},
                    {"params", tensor_file(u.update, "params")}});
-  json j = {{"schema", "gradcert.artifacts/1"}, {"backend", backend}, {"world", world}, {"updates", ups}};
+  json j = {{"schema", "gradcert.artifacts/1"}, {"backend", backend}, {"world", world}, {"nonce", nonce},
+            {"updates", ups}};
   write_file_atomic(dir + "/manifest.json", j.dump(1));
 }
 
 namespace {
 
-json parse_json_file(const std::string& path) {
-  const std::string text = read_text_file(path);
-  try {
-    return json::parse(text);
-  } catch (const json::exception& e) {
-    throw ArtifactError(path + ": not valid JSON: " + e.what());
-  }
-}
+// Typed, strict access to one JSON object's fields: an integer field is a JSON integer
+// (never 1.0 or true), a number is a JSON number (never true), and messages name the
+// file, the position and the field, echoing at most an excerpt of the value.
+struct Fields {
+  const json& j;
+  std::string where;  // "<file>" or "<file> updates[2]"
 
-template <class T>
-T field(const json& j, const std::string& key, const std::string& where) {
-  if (!j.is_object() || !j.contains(key)) throw ArtifactError(where + ": field '" + key + "' is missing");
-  try {
-    return j.at(key).get<T>();
-  } catch (const json::exception&) {
-    throw ArtifactError(where + ": field '" + key + "' has the wrong type: " + j.at(key).dump());
+  [[noreturn]] void fail(const std::string& what) const { throw ArtifactError(where + ": " + what); }
+  const json& at(const char* key) const {
+    if (!j.is_object()) fail("expected a JSON object, got " + json_excerpt(j));
+    auto it = j.find(key);
+    if (it == j.end()) fail(std::string("field '") + key + "' is missing");
+    return *it;
   }
+  int64_t integer(const char* key, int64_t lo = INT32_MIN, int64_t hi = INT32_MAX) const {
+    const json& v = at(key);
+    if (!v.is_number_integer()) fail(std::string("field '") + key + "' must be an integer, got " + json_excerpt(v));
+    if (v.is_number_unsigned() ? v.get<uint64_t>() > uint64_t(hi) : (v.get<int64_t>() < lo || v.get<int64_t>() > hi))
+      fail(std::string("field '") + key + "' is out of range: " + json_excerpt(v));
+    return v.get<int64_t>();
+  }
+  double number(const char* key) const {
+    const json& v = at(key);
+    if (!v.is_number()) fail(std::string("field '") + key + "' must be a number, got " + json_excerpt(v));
+    return v.get<double>();
+  }
+  std::string string(const char* key) const {
+    const json& v = at(key);
+    if (!v.is_string()) fail(std::string("field '") + key + "' must be a string, got " + json_excerpt(v));
+    return v.get<std::string>();
+  }
+  void schema(const char* want) const {
+    const json& v = at("schema");
+    if (!v.is_string() || v.get<std::string>() != want)
+      fail(std::string("field 'schema' must be \"") + want + "\", got " + json_excerpt(v));
+  }
+  // NOTE [run nonce] Every run starts from an empty run folder (prepare_run_folder) with a
+  // fresh nonce, given to the ranks or the external command as GRADCERT_RUN_NONCE; the
+  // manifest and every rank record echo it as "nonce". A file without it, or with another
+  // run's, was not produced by this run and fails the run.
+  void nonce(const std::string& expected) const {
+    if (expected.empty()) fail("no run nonce to check the file against (internal error)");
+    if (!j.is_object() || !j.contains("nonce"))
+      fail("field 'nonce' is missing: the file was not written by this run (GRADCERT_RUN_NONCE=" + expected + ")");
+    const json& v = j.at("nonce");
+    if (!v.is_string() || v.get<std::string>() != expected)
+      fail("nonce " + json_excerpt(v) + " is not this run's (GRADCERT_RUN_NONCE=" + expected +
+           "): a file left from another run?");
+  }
+};
+
+std::string at_index(const std::string& source, size_t u) { return source + " updates[" + std::to_string(u) + "]"; }
+
+const json& updates_array(const Fields& f, size_t want) {
+  const json& ups = f.at("updates");
+  if (!ups.is_array()) f.fail("field 'updates' must be an array, got " + json_excerpt(ups));
+  if (ups.size() != want)
+    f.fail(std::to_string(ups.size()) + " updates, the plan has " + std::to_string(want));
+  return ups;
 }
 
 }  // namespace
 
+std::vector<ManifestEntry> parse_manifest_json(const std::string& text, const std::string& source, const Plan& plan,
+                                               int world, const std::string& nonce) {
+  const json manifest = parse_artifact_json(text, source);
+  const Fields top{manifest, source};
+  top.schema("gradcert.artifacts/1");
+  top.nonce(nonce);
+  if (top.integer("world") != world)
+    top.fail("field 'world' is " + json_excerpt(manifest.at("world")) + ", the run has " + std::to_string(world));
+  const json& ups = updates_array(top, plan.windows.size());
+  std::vector<ManifestEntry> out(ups.size());
+  for (size_t u = 0; u < ups.size(); ++u) {
+    const Fields f{ups[u], at_index(source, u)};
+    ManifestEntry& e = out[u];
+    e.scalars.update = static_cast<int>(f.integer("update"));
+    if (e.scalars.update != static_cast<int>(u)) f.fail("update index " + std::to_string(e.scalars.update));
+    e.scalars.loss = f.number("loss");
+    e.scalars.valid_targets = f.integer("valid_targets", 0, INT64_MAX);
+    e.scalars.step_seconds = f.number("step_seconds");
+    for (auto [key, target] : {std::pair{"grads", &e.grads}, {"params", &e.params}}) {
+      *target = f.string(key);
+      const std::string& name = *target;
+      if (name.empty() || name.find('/') != std::string::npos || name.find("..") != std::string::npos)
+        f.fail(std::string("field '") + key + "' must be a file name inside the run directory");
+    }
+  }
+  return out;
+}
+
+std::vector<RankRecord> parse_rank_record_json(const std::string& text, const std::string& source, const Plan& plan,
+                                               int rank, const std::string& nonce) {
+  const json rec = parse_artifact_json(text, source);
+  const Fields top{rec, source};
+  top.schema("gradcert.rank/1");
+  top.nonce(nonce);
+  if (top.integer("rank") != rank)
+    top.fail("field 'rank' is " + json_excerpt(rec.at("rank")) + ", the file is rank " + std::to_string(rank) + "'s");
+  const int dp_rank = static_cast<int>(top.integer("dp_rank"));
+  if (dp_rank != plan.dp_rank_of(rank))
+    top.fail("rank " + std::to_string(rank) + " says DP rank " + std::to_string(dp_rank) + ", the topology gives " +
+             std::to_string(plan.dp_rank_of(rank)));
+  const json& ups = updates_array(top, plan.windows.size());
+  std::vector<RankRecord> out;
+  for (size_t u = 0; u < ups.size(); ++u) {
+    const Fields f{ups[u], at_index(source, u)};
+    if (f.integer("update") != static_cast<int64_t>(u))
+      f.fail("field 'update' is " + json_excerpt(ups[u].at("update")) + ", expected " + std::to_string(u));
+    RankRecord rr;
+    if (ups[u].contains("loss_sum")) rr.loss_sum = f.number("loss_sum"), rr.has_loss_sum = true;
+    if (ups[u].contains("valid_targets")) rr.valid_targets = f.integer("valid_targets", 0, INT64_MAX);
+    const json& consumed = f.at("consumed");
+    if (!consumed.is_array()) f.fail("field 'consumed' must be an array of id lists, got " + json_excerpt(consumed));
+    rr.rank = rank;
+    rr.dp_rank = dp_rank;
+    for (size_t a = 0; a < consumed.size(); ++a) {
+      const std::string at = "consumed[" + std::to_string(a) + "]";
+      if (!consumed[a].is_array()) f.fail("field '" + at + "' must be an array of sample ids, got " + json_excerpt(consumed[a]));
+      std::vector<int64_t> ids;
+      for (size_t i = 0; i < consumed[a].size(); ++i) {
+        const json& id = consumed[a][i];
+        if (!id.is_number_integer() || (id.is_number_unsigned() && id.get<uint64_t>() > uint64_t(INT64_MAX)))
+          f.fail("field '" + at + "[" + std::to_string(i) + "]' must be an integer sample id, got " + json_excerpt(id));
+        ids.push_back(id.get<int64_t>());
+      }
+      rr.consumed.push_back(std::move(ids));
+    }
+    out.push_back(std::move(rr));
+  }
+  return out;
+}
+
 std::vector<BackendUpdate> read_run(const std::string& dir, const Plan& plan, int world, const TensorMap& expected,
-                                    DType dtype) {
+                                    DType dtype, const std::string& nonce) {
   std::map<std::string, TensorExpectation> expect;
   for (const auto& [name, t] : expected) expect[name] = {t.shape, dtype};
 
   const std::string mpath = dir + "/manifest.json";
-  json manifest = parse_json_file(mpath);
-  auto mups = field<json>(manifest, "updates", mpath);
-  if (!mups.is_array()) throw ArtifactError(mpath + ": field 'updates' must be an array");
-  if (mups.size() != plan.windows.size())
-    throw ArtifactError(mpath + ": " + std::to_string(mups.size()) + " updates, the plan has " +
-                        std::to_string(plan.windows.size()));
-
-  std::vector<BackendUpdate> run(plan.windows.size());
-  for (size_t u = 0; u < mups.size(); ++u) {
-    const std::string where = mpath + " updates[" + std::to_string(u) + "]";
+  const auto entries = parse_manifest_json(read_text_file(mpath), mpath, plan, world, nonce);
+  std::vector<BackendUpdate> run(entries.size());
+  for (size_t u = 0; u < entries.size(); ++u) {
     auto& bu = run[u];
-    bu.update = field<int>(mups[u], "update", where);
-    if (bu.update != static_cast<int>(u)) throw ArtifactError(where + ": update index " + std::to_string(bu.update));
-    bu.loss = field<double>(mups[u], "loss", where);
-    bu.valid_targets = field<int64_t>(mups[u], "valid_targets", where);
-    bu.step_seconds = field<double>(mups[u], "step_seconds", where);
-    for (auto [key, target] : {std::pair{"grads", &bu.grads}, {"params", &bu.params_after}}) {
-      auto name = field<std::string>(mups[u], key, where);
-      if (name.empty() || name.find('/') != std::string::npos || name.find("..") != std::string::npos)
-        throw ArtifactError(where + ": field '" + key + "' must be a file name inside the run directory");
-      *target = read_safetensors(dir + "/" + name, expect);
-    }
+    bu.update = entries[u].scalars.update;
+    bu.loss = entries[u].scalars.loss;
+    bu.valid_targets = entries[u].scalars.valid_targets;
+    bu.step_seconds = entries[u].scalars.step_seconds;
+    bu.grads = read_safetensors(dir + "/" + entries[u].grads, expect);
+    bu.params_after = read_safetensors(dir + "/" + entries[u].params, expect);
   }
   for (int r = 0; r < world; ++r) {
     const std::string rpath = dir + "/rank" + std::to_string(r) + ".json";
-    json rec = parse_json_file(rpath);
-    const int dp_rank = field<int>(rec, "dp_rank", rpath);
-    if (dp_rank != plan.dp_rank_of(r))
-      throw ArtifactError(rpath + ": rank " + std::to_string(r) + " says DP rank " + std::to_string(dp_rank) +
-                          ", the topology gives " + std::to_string(plan.dp_rank_of(r)));
-    auto ups = field<json>(rec, "updates", rpath);
-    if (!ups.is_array() || ups.size() != plan.windows.size())
-      throw ArtifactError(rpath + ": rank " + std::to_string(r) + " reported " +
-                          std::to_string(ups.is_array() ? ups.size() : 0) + " updates, the plan has " +
-                          std::to_string(plan.windows.size()));
-    for (size_t u = 0; u < ups.size(); ++u) {
-      RankRecord rr;
-      rr.rank = r;
-      rr.dp_rank = dp_rank;
-      rr.consumed = field<std::vector<std::vector<int64_t>>>(ups[u], "consumed", rpath + " updates[" + std::to_string(u) + "]");
-      run[u].ranks.push_back(std::move(rr));
-    }
+    auto records = parse_rank_record_json(read_text_file(rpath), rpath, plan, r, nonce);
+    for (size_t u = 0; u < records.size(); ++u) run[u].ranks.push_back(std::move(records[u]));
   }
   return run;
 }
@@ -137,29 +226,29 @@ void write_rank_memory(const std::string& dir, const RankMemory& m) {
 
 RankMemory read_rank_memory(const std::string& dir, int rank) {
   const std::string path = dir + "/rank" + std::to_string(rank) + ".memory.json";
-  const json j = parse_json_file(path);
-  if (field<std::string>(j, "schema", path) != "gradcert.memory/1")
-    throw ArtifactError(path + ": schema is not gradcert.memory/1");
+  const json j = parse_artifact_json(read_text_file(path), path);
+  const Fields f{j, path};
+  f.schema("gradcert.memory/1");
   RankMemory m;
-  m.rank = field<int>(j, "rank", path);
-  if (m.rank != rank) throw ArtifactError(path + ": rank " + std::to_string(m.rank) + ", expected " + std::to_string(rank));
-  m.model_state_bytes = field<int64_t>(j, "model_state_bytes", path);
-  m.model_state_tensors = field<int64_t>(j, "model_state_tensors", path);
-  m.checkpoint_bytes = field<int64_t>(j, "checkpoint_bytes", path);
-  m.process_high_water_bytes = field<int64_t>(j, "process_high_water_bytes", path);
-  const json peaks = field<json>(j, "peaks", path);
-  if (!peaks.is_array()) throw ArtifactError(path + ": field 'peaks' is not an array");
+  m.rank = static_cast<int>(f.integer("rank"));
+  if (m.rank != rank) f.fail("rank " + std::to_string(m.rank) + ", expected " + std::to_string(rank));
+  m.model_state_bytes = f.integer("model_state_bytes", -1, INT64_MAX);
+  m.model_state_tensors = f.integer("model_state_tensors", 0, INT64_MAX);
+  m.checkpoint_bytes = f.integer("checkpoint_bytes", 0, INT64_MAX);
+  m.process_high_water_bytes = f.integer("process_high_water_bytes", -1, INT64_MAX);
+  const json& peaks = f.at("peaks");
+  if (!peaks.is_array()) f.fail("field 'peaks' is not an array");
   for (size_t i = 0; i < peaks.size(); ++i) {
-    const std::string where = path + ": peaks[" + std::to_string(i) + "]";
+    const Fields pf{peaks[i], path + ": peaks[" + std::to_string(i) + "]"};
     PhasePeak p;
     p.rank = rank;
-    p.bucket = field<std::string>(peaks[i], "bucket", where);
-    p.phase = field<std::string>(peaks[i], "phase", where);
-    p.device = field<std::string>(peaks[i], "device", where);
-    p.peak_bytes = field<int64_t>(peaks[i], "peak_bytes", where);
-    p.current_bytes = field<int64_t>(peaks[i], "current_bytes", where);
-    p.seconds = field<double>(peaks[i], "seconds", where);
-    p.process_high_water_bytes = field<int64_t>(peaks[i], "process_high_water_bytes", where);
+    p.bucket = pf.string("bucket");
+    p.phase = pf.string("phase");
+    p.device = pf.string("device");
+    p.peak_bytes = pf.integer("peak_bytes", INT64_MIN, INT64_MAX);
+    p.current_bytes = pf.integer("current_bytes", INT64_MIN, INT64_MAX);
+    p.seconds = pf.number("seconds");
+    p.process_high_water_bytes = pf.integer("process_high_water_bytes", INT64_MIN, INT64_MAX);
     m.peaks.push_back(p);
   }
   return m;

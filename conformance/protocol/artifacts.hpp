@@ -14,6 +14,9 @@ struct RankRecord {
   int rank = 0;     ///< global rank
   int dp_rank = 0;  ///< its data-parallel rank
   std::vector<std::vector<int64_t>> consumed;  ///< ids per microstep
+  bool has_loss_sum = false;
+  double loss_sum = 0;          ///< S_r = sum_a S_{r,a} as the rank reported it
+  int64_t valid_targets = -1;   ///< n_r as the rank reported it (-1: not reported)
 };
 
 /// What a backend produced for one update (full canonical tensors).
@@ -33,6 +36,8 @@ struct ReferenceUpdate {
   double loss = 0;            ///< L = sum of token losses / N (0 when N = 0)
   int64_t valid_targets = 0;  ///< N, recounted from the concatenated batch's labels
   TensorMap grads;            ///< grad L (zero when N = 0)
+  /// S_r per DP rank (the reference runner's pieces; empty when the reference computed none).
+  std::vector<double> rank_loss_sums;
   TensorMap params_after;     ///< parameters after the optimizer step
 };
 
@@ -44,8 +49,9 @@ struct RankUpdateRecord {
   int64_t valid_targets = 0;                    ///< sum_a n_{r,a}
 };
 
-/// Writes <dir>/rank<r>.json.
-void write_rank_record(const std::string& dir, int rank, int dp_rank, const std::vector<RankUpdateRecord>& updates);
+/// Writes <dir>/rank<r>.json, carrying the run's nonce (NOTE [run nonce]).
+void write_rank_record(const std::string& dir, int rank, int dp_rank, const std::vector<RankUpdateRecord>& updates,
+                       const std::string& nonce);
 
 /// What rank 0 writes per update: <dir>/u<k>.grads.safetensors, u<k>.params.safetensors.
 void write_update_tensors(const std::string& dir, int update, const TensorMap& grads, const TensorMap& params);
@@ -57,15 +63,32 @@ struct ManifestUpdate {
   int64_t valid_targets = 0;
   double step_seconds = 0;
 };
-/// Writes <dir>/manifest.json (rank 0, after the last update).
+/// Writes <dir>/manifest.json (rank 0, after the last update), carrying the run's nonce.
 void write_manifest(const std::string& dir, const std::string& backend, int world,
-                    const std::vector<ManifestUpdate>& updates);
+                    const std::vector<ManifestUpdate>& updates, const std::string& nonce);
+
+/// One update as manifest.json states it.
+struct ManifestEntry {
+  ManifestUpdate scalars;
+  std::string grads, params;  ///< tensor file names inside the run folder
+};
+/// Parses manifest.json text strictly: schema, `world`, `nonce` equal to `nonce`, one entry
+/// per plan window with integer `update` (= its index) and `valid_targets`, numeric `loss`
+/// and `step_seconds`, plain file names. Throws ArtifactError naming `source` and the field.
+std::vector<ManifestEntry> parse_manifest_json(const std::string& text, const std::string& source, const Plan& plan,
+                                               int world, const std::string& nonce);
+/// Parses rank<rank>.json text strictly: schema, integer `rank` (= rank) and `dp_rank` (= the
+/// topology's), `nonce`, one entry per window with integer `update` and integer sample ids
+/// per microstep. Returns one record per update. Throws ArtifactError naming the field.
+std::vector<RankRecord> parse_rank_record_json(const std::string& text, const std::string& source, const Plan& plan,
+                                               int rank, const std::string& nonce);
 
 /// Reads a run directory strictly against the plan: the manifest, one record per rank,
-/// and each update's tensors (names, shapes and dtype from `expected`). Any problem
-/// throws ArtifactError naming the file (and the rank or tensor).
+/// and each update's tensors (names, shapes and dtype from `expected`); the manifest and
+/// every record must carry `nonce` (this run's). Any problem throws ArtifactError naming
+/// the file (and the rank, field or tensor).
 std::vector<BackendUpdate> read_run(const std::string& dir, const Plan& plan, int world, const TensorMap& expected,
-                                    DType dtype);
+                                    DType dtype, const std::string& nonce);
 
 /// What one rank measured of its memory: <dir>/rank<r>.memory.json (built-in backends).
 struct RankMemory {

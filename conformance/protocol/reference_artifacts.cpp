@@ -82,6 +82,10 @@ ReferenceRun read_reference_run(const std::string& dir, const Plan& plan, const 
                                                                                                      DType::Float64};
     }
     up.grads = read_safetensors(dir + "/u" + std::to_string(u) + ".pieces.safetensors", pexpect);
+    auto& sums = out.updates.back().rank_loss_sums;
+    sums.assign(plan.dp, 0.0);
+    for (const auto& pm : up.meta)
+      if (pm.dp_rank >= 0 && pm.dp_rank < plan.dp) sums[pm.dp_rank] += pm.loss_sum;
     out.pieces.push_back(std::move(up));
   }
   return out;

@@ -262,6 +262,9 @@ RunReport run_backend(const RunRequest& req) {
       input.run = &artifacts;
       input.tolerance = spec.parity_tolerance();
       input.scale_tolerance = spec.scale_tolerance();
+      std::vector<int64_t> targets_of_id(spec.dataset.size);
+      for (int64_t id = 0; id < spec.dataset.size; ++id) targets_of_id[id] = make_sample(spec, id).valid_targets();
+      input.targets_of_id = &targets_of_id;
       RunMemoryEvidence memory;
       if (external) {
         add_throughput(report, plan, artifacts);  // memory: the protocol has no memory file (v1)

@@ -51,6 +51,7 @@ CheckResult tensor_parity(const std::string& id, const std::vector<ReferenceUpda
   bool first = true;
   std::string where = "no tensors";
   std::string nonfinite;  // the first tensor with NaN or inf values, said in the detail
+  std::string first_fail;  // the first update and tensor beyond the tolerance, in model order
   for (size_t u = 0; u < ref.size(); ++u) {
     const TensorMap& expected = grads ? ref[u].grads : ref[u].params_after;
     const TensorMap& observed = grads ? run[u].grads : run[u].params_after;
@@ -71,6 +72,8 @@ CheckResult tensor_parity(const std::string& id, const std::vector<ReferenceUpda
                     " in update " + std::to_string(u) + " " + name + ", first at flat index " +
                     std::to_string(err.first_nonfinite) + " (backend " + num(err.first_observed) + ", reference " +
                     num(err.first_expected) + ")";
+      if (first_fail.empty() && !(err.relative <= tolerance))
+        first_fail = "update " + std::to_string(u) + " " + name + " (rel L2 " + num(err.relative) + ")";
       if (first || std::isnan(err.relative) || err.relative > worst) {
         worst = err.relative;
         worst_abs = err.max_abs;
@@ -87,7 +90,9 @@ CheckResult tensor_parity(const std::string& id, const std::vector<ReferenceUpda
   }
   const bool ok = worst <= tolerance;  // NaN fails
   return {id, ok ? Verdict::Pass : Verdict::Fail, worst, tolerance,
-          "worst " + where + ": rel L2 " + num(worst) + ", max abs " + num(worst_abs) + nonfinite};
+          "worst " + where + ": rel L2 " + num(worst) + ", max abs " + num(worst_abs) +
+              (!first_fail.empty() && first_fail.rfind(where + " ", 0) != 0 ? "; first failing " + first_fail : "") +
+              nonfinite};
 }
 
 }  // namespace
@@ -215,7 +220,8 @@ CheckResult check_grad_parity(const std::vector<ReferenceUpdate>& ref, const std
   return tensor_parity("grad.parity", ref, run, tolerance, true);
 }
 
-std::vector<TensorFigure> tensor_errors(const std::vector<ReferenceUpdate>& ref, const std::vector<BackendUpdate>& run) {
+std::vector<TensorFigure> tensor_errors(const std::vector<ReferenceUpdate>& ref,
+                                        const std::vector<BackendUpdate>& run) {
   auto rel = [](const TensorMap& observed, const std::string& name, const HostTensor& expected) {
     auto it = observed.find(name);
     if (it == observed.end()) return std::numeric_limits<double>::infinity();

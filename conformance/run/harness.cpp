@@ -72,6 +72,31 @@ Plan plan_from_consumed(const Spec& spec, const Plan& planned, const std::vector
   return p;
 }
 
+// A crashed stack's Python traceback (torchrun's own summary says only that a child failed):
+// the first traceback in the command's output, up to 40 lines, with the log's path.
+std::string stack_traceback(const std::string& log) {
+  std::string text;
+  try {
+    text = read_text_file(log);
+  } catch (const ArtifactError&) {
+    return "";
+  }
+  const auto at = text.find("Traceback (most recent call last):");
+  if (at == std::string::npos) return "";
+  std::string tb;
+  size_t pos = at;
+  for (int lines = 0; lines < 40 && pos < text.size(); ++lines) {
+    const size_t end = text.find('\n', pos);
+    const std::string line = text.substr(pos, end == std::string::npos ? std::string::npos : end - pos);
+    tb += line + "\n";
+    if (end == std::string::npos) break;
+    pos = end + 1;
+    // a traceback ends with its exception line (not indented, after the frames)
+    if (lines > 0 && !line.empty() && line[0] != ' ' && line.find("Traceback") == std::string::npos) break;
+  }
+  return "\n--- the stack's first traceback (" + log + ") ---\n" + tb;
+}
+
 void write_external_inputs(const Spec& spec, const std::string& dir) {
   nlohmann::json samples = nlohmann::json::array();
   for (int64_t id = 0; id < spec.dataset.size; ++id) {
@@ -229,6 +254,7 @@ RunReport run_backend(const RunRequest& req) {
       for (auto [from, to] : {std::pair<std::string, std::string>{"rank 0 ", "the external command "},
                               {"--- rank 0 log tail ---", "--- external command output (tail) ---"}})
         if (auto at = report.error.find(from); at != std::string::npos) report.error.replace(at, from.size(), to);
+      report.error += stack_traceback(req.run_dir + "/rank0.log");
     }
   } else {
     try {

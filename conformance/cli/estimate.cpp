@@ -2,6 +2,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <iostream>
 #include <memory>
@@ -53,10 +54,13 @@ MemoryEstimate make_estimate(const EstimateOptions& o) {
   if (!(o.params > 0)) throw std::invalid_argument("--params: must be a positive parameter count (or give --model SPEC.json)");
   in.params = count(o.params, "--params");
   if (!o.recipe.empty()) in.recipe = recipe_by_name(o.recipe);
+  in.strategy = o.strategy.empty() ? (world == 1 ? Sharding::Single : Sharding::DDP) : strategy_info(o.strategy).sharding;
+  // An unset --tp (--pp) under the tp (pp) strategy: every rank not in the other degree.
+  if (in.strategy == Sharding::TP && o.tp == 0) tp = std::max(1, world / pp);
+  if (in.strategy == Sharding::PP && o.pp == 0) pp = std::max(1, world / tp);
   in.world = world;
   in.tp = tp;
   in.pp = pp;
-  in.strategy = o.strategy.empty() ? (world == 1 ? Sharding::Single : Sharding::DDP) : strategy_info(o.strategy).sharding;
   if (o.trainable >= 0) in.trainable = count(o.trainable, "--trainable");
   if (o.unit >= 0) in.largest_unit_params = count(o.unit, "--unit");
   if (o.layer_params >= 0) in.layer_params = count(o.layer_params, "--layer-params");
@@ -74,15 +78,25 @@ CLI::App* add_estimate_command(CLI::App& app, int& exit_code) {
                   "--model, the spec's dtype and optimizer)");
   cmd->add_option("--strategy", opts->strategy,
                   "single | ddp | zero1 | zero2 | zero3 | fsdp | tp | pp (default: single at world 1, else ddp)");
-  cmd->add_option("--world", opts->world, "ranks = dp x tp x pp (default: 1, or the spec's topology)");
-  cmd->add_option("--tp", opts->tp, "tensor-parallel degree (default: 1, or the spec's)");
-  cmd->add_option("--pp", opts->pp, "pipeline-parallel degree (default: 1, or the spec's)");
+  auto* world = cmd->add_option("--world", opts->world, "ranks = dp x tp x pp (default: 1, or the spec's topology)");
+  auto* tp = cmd->add_option("--tp", opts->tp,
+                             "tensor-parallel degree (default: 1, or the spec's; without --model, --strategy tp: "
+                             "world / pp)");
+  auto* pp = cmd->add_option("--pp", opts->pp,
+                             "pipeline-parallel degree (default: 1, or the spec's; without --model, --strategy pp: "
+                             "world / tp)");
   cmd->add_option("--trainable", opts->trainable, "LoRA: trainable adapter parameters (the base is frozen)");
   cmd->add_option("--unit", opts->unit, "ZeRO-3 / FSDP: parameters of the largest gathered unit");
   cmd->add_option("--layer-params", opts->layer_params, "TP: parameters inside the layers (default: all)");
   cmd->add_option("--model", opts->model, "spec JSON file: count its model's parameters")->check(CLI::ExistingFile);
-  cmd->callback([opts, &exit_code] {
+  cmd->callback([opts, &exit_code, world, tp, pp] {
     try {
+      // Given counts must be >= 1 (0 would silently read as "unset").
+      const struct { CLI::Option* opt; const char* name; int value; } given[] = {
+          {world, "--world", opts->world}, {tp, "--tp", opts->tp}, {pp, "--pp", opts->pp}};
+      for (const auto& g : given)
+        if (g.opt->count() > 0 && g.value < 1)
+          throw std::invalid_argument(std::string(g.name) + ": must be >= 1, got " + std::to_string(g.value));
       std::cout << estimate_text(make_estimate(*opts));
       exit_code = 0;
     } catch (const std::exception& e) {

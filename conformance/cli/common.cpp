@@ -1,0 +1,42 @@
+#include <iostream>
+#include <stdexcept>
+
+#include "conformance/cli/verbs.hpp"
+#include "conformance/run/certify.hpp"
+#include "reports/report.hpp"
+
+namespace gradcert {
+
+Spec spec_from(const std::string& path) { return path.empty() ? Spec{} : load_spec(path); }
+
+Spec spec_with_overrides(const CommonOptions& o) {
+  Spec s = spec_from(o.spec_path);
+  if (!o.dtype.empty()) {
+    try {
+      s.dtype = parse_dtype(o.dtype);
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(std::string("--dtype: ") + e.what());
+    }
+  }
+  if (!o.optimizer.empty()) s.optimizer.name = o.optimizer;
+  return s;
+}
+
+LauncherKind launcher_from(const std::string& name) {
+  if (name == "local") return LauncherKind::Local;
+  if (name == "mpirun") return LauncherKind::Mpirun;
+  throw std::invalid_argument("--launcher: unknown launcher '" + name + "' (expected local or mpirun)");
+}
+
+std::string report_dir(const CommonOptions& o) { return o.out.empty() ? new_report_dir("reports/out") : o.out; }
+
+int finish(const Report& report, const std::string& dir) {
+  std::cout << report_table(report);
+  write_report_files(report, dir);
+  std::cout << "# report: " << dir << "/report.json (also report.md, junit.xml)\n";
+  for (const auto& r : report.runs)
+    if (!r.error.empty()) return kBadInput;
+  return report.passed() ? kPass : kCheckFailed;
+}
+
+}  // namespace gradcert

@@ -1,0 +1,42 @@
+// `gradcert spec` and `gradcert backends`: what a user can ask before running anything; and
+// the hidden `gradcert worker` that every built-in rank process runs.
+#include <CLI/CLI.hpp>
+
+#include <iostream>
+#include <memory>
+
+#include "backends/catalog.hpp"
+#include "conformance/cli/verbs.hpp"
+#include "conformance/run/worker.hpp"
+
+namespace gradcert {
+
+std::vector<Verb> add_info_verbs(CLI::App& app) {
+  auto* spec_cmd = app.add_subcommand("spec", "print the built-in spec (every field with its default)");
+  auto* list_cmd = app.add_subcommand("backends", "list the built-in backends and their mutants");
+  return {{spec_cmd,
+           [] {
+             std::cout << spec_to_json(Spec{}) << "\n";
+             return kPass;
+           }},
+          {list_cmd, [] {
+             for (const auto& b : backend_names()) {
+               std::cout << b << "\n";
+               for (const auto& m : mutant_names(b)) std::cout << "  --inject " << m << "\n";
+             }
+             return kPass;
+           }}};
+}
+
+Verb add_worker_verb(CLI::App& app) {
+  auto args = std::make_shared<WorkerArgs>();
+  auto* worker = app.add_subcommand("worker", "one rank process (started by a launcher, not by hand)");
+  worker->group("");  // hidden
+  worker->add_option("--run-dir", args->run_dir)->required();
+  worker->add_option("--backend", args->backend)->required();
+  worker->add_option("--port", args->store_port)->required();
+  worker->add_option("--inject", args->inject);
+  return {worker, [args] { return worker_main(*args); }};
+}
+
+}  // namespace gradcert

@@ -1,0 +1,76 @@
+// `gradcert run`: one backend (built-in or an external stack) on a spec, checked against the reference.
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <filesystem>
+#include <memory>
+
+#include "conformance/cli/verbs.hpp"
+#include "conformance/run/certify.hpp"
+#include "conformance/run/harness.hpp"
+
+namespace gradcert {
+
+namespace {
+
+struct RunOptions {
+  std::string backend = "ddp", inject, model, command;
+  bool sampler_audit = false;
+};
+
+// FILE.py:FUNC relative to where gradcert was started: the runner and the stack run elsewhere.
+std::string absolute_factory(const std::string& model) {
+  const auto colon = model.rfind(':');
+  std::error_code ec;
+  if (colon != std::string::npos && colon > 3 && model.compare(colon - 3, 3, ".py") == 0 &&
+      std::filesystem::exists(model.substr(0, colon), ec))
+    return std::filesystem::absolute(model.substr(0, colon), ec).string() + model.substr(colon);
+  return model;
+}
+
+}  // namespace
+
+Verb add_run_verb(CLI::App& app, CommonOptions& o) {
+  auto r = std::make_shared<RunOptions>();
+  auto* run = app.add_subcommand("run", "run one backend on a spec and check it against the reference");
+  run->add_option("--spec", o.spec_path, "spec JSON file (default: the built-in spec)")->check(CLI::ExistingFile);
+  run->add_option("--backend", r->backend, "backend name (see `gradcert backends`)")->capture_default_str();
+  o.counts.push_back({run->add_option("--world", o.world, "ranks to start (default: the spec's topology)"), &o.world});
+  o.counts.push_back({run->add_option("--tp", o.tp, "tensor-parallel degree (default: the spec's)"), &o.tp});
+  o.counts.push_back({run->add_option("--pp", o.pp, "pipeline-parallel degree (default: the spec's)"), &o.pp});
+  run->add_option("--launcher", o.launcher, "local | mpirun")->capture_default_str();
+  run->add_option("--inject", r->inject, "run with a planted bug (a mutant); the run passes if a check catches it");
+  run->add_option("--dtype", o.dtype, "override the spec's dtype: float64 | float32 | bfloat16");
+  run->add_option("--optimizer", o.optimizer, "override the spec's optimizer: sgd | adamw");
+  run->add_option("--out", o.out, "report folder (default: reports/out/<timestamp>)");
+  run->add_option("--model", r->model,
+                  "your own model: FILE.py:FUNC or module:FUNC, FUNC(vocab_size, max_len) -> a torch causal LM "
+                  "(spec model.factory; --backend external)");
+  run->add_option("--command", r->command,
+                  "with --backend external: the command that runs the stack (see backends/PROTOCOL.md)");
+  run->add_flag("--sampler-audit", r->sampler_audit,
+                "with --backend external: the stack samples on its own; gradcert audits the ids it reports");
+  return {run, [&o, r] {
+            RunRequest req;
+            req.spec = spec_with_overrides(o);
+            if (!r->model.empty()) req.spec.model.factory = absolute_factory(r->model);
+            req.backend = r->backend;
+            req.world = o.world == 0 && r->backend == "single" ? std::max(1, o.tp) * std::max(1, o.pp) : o.world;
+            req.tp = o.tp;
+            req.pp = o.pp;
+            req.launcher = launcher_from(o.launcher);
+            req.inject = r->inject;
+            req.command = r->command;
+            req.sampler_audit = r->sampler_audit;
+            req.exe = self_exe();
+            const std::string dir = report_dir(o);
+            req.run_dir = dir + "/runs/" + run_dir_name(req);
+            Report report;
+            report.spec_json = spec_to_json(effective_spec(req));
+            report.runs.push_back(run_backend(req));
+            report.environment = make_environment(req.spec.seed, effective_spec(req).topology.world(), req.launcher);
+            return finish(report, dir);
+          }};
+}
+
+}  // namespace gradcert

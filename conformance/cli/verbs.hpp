@@ -1,0 +1,56 @@
+// The gradcert command's verbs: one file each (run, plan, certify, audit, info, worker,
+// estimate); main.cpp only dispatches. Shared option parsing and exit codes live here.
+#pragma once
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "conformance/core/result.hpp"
+#include "conformance/launch/launcher.hpp"
+
+namespace CLI {
+class App;
+class Option;
+}  // namespace CLI
+
+namespace gradcert {
+
+/// Exit codes: 0 every check passed, 1 a check failed, 2 bad input or a failed run.
+constexpr int kPass = 0, kCheckFailed = 1, kBadInput = 2;
+
+/// Options several verbs share (each verb registers the ones it takes).
+struct CommonOptions {
+  std::string spec_path, launcher = "local", out, dtype, optimizer;
+  int world = 0, tp = 0, pp = 0;  ///< 0: not given (the spec's)
+  /// Counts given on the command line must be >= 1 (checked after parsing: exit 2, the option named).
+  std::vector<std::pair<CLI::Option*, const int*>> counts;
+};
+
+/// A verb: its subcommand and what runs when it was selected (returns the exit code).
+struct Verb {
+  CLI::App* cmd = nullptr;
+  std::function<int()> run;
+};
+
+/// The spec file, or the built-in spec when `path` is empty.
+Spec spec_from(const std::string& path);
+/// The spec with --dtype / --optimizer applied (errors name the option).
+Spec spec_with_overrides(const CommonOptions& o);
+/// "local" | "mpirun"; throws std::invalid_argument naming --launcher.
+LauncherKind launcher_from(const std::string& name);
+/// --out, or a new reports/out/<timestamp> folder.
+std::string report_dir(const CommonOptions& o);
+/// Prints the console table, writes the report files into `dir`, and returns the exit code.
+int finish(const Report& report, const std::string& dir);
+
+Verb add_run_verb(CLI::App& app, CommonOptions& o);
+Verb add_plan_verb(CLI::App& app, CommonOptions& o);
+Verb add_certify_verb(CLI::App& app, CommonOptions& o);
+Verb add_audit_verb(CLI::App& app, CommonOptions& o);
+/// `gradcert spec` and `gradcert backends`.
+std::vector<Verb> add_info_verbs(CLI::App& app);
+/// The hidden `gradcert worker` (one rank process).
+Verb add_worker_verb(CLI::App& app);
+
+}  // namespace gradcert

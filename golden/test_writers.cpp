@@ -5,9 +5,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <fstream>
 #include <string>
 #include <vector>
 
+#include "conformance/layout/layout.hpp"
 #include "golden/approval.hpp"
 #include "reports/report.hpp"
 
@@ -61,6 +64,23 @@ std::vector<CheckResult> passing_checks() {
           check("grad.parity", Verdict::Pass, 1.63e-15, 1e-10, "worst update 1 blocks.0.fc.weight"),
           check("memory.budget", Verdict::Skip, 0, 0, "no memory budget set")};
 }
+
+// Per-tensor errors of the tiny LM's tensors (2 blocks), every update: `error(update, index,
+// name)` gives the gradient's; the parameters' are a tenth of it.
+template <typename Error>
+void add_tensor_errors(RunReport& r, Error error) {
+  const auto layout = tiny_lm_layout(ModelSpec{});
+  for (int u = 0; u < r.updates; ++u)
+    for (size_t i = 0; i < layout.size(); ++i) {
+      const double g = error(u, static_cast<int>(i), layout[i].name);
+      TensorFigure f;
+      f.update = u, f.tensor = layout[i].name, f.grad_rel = g, f.param_rel = g / 10;
+      r.tensor_errors.push_back(f);
+    }
+}
+
+// Rounding noise: 1e-16 .. 1.7e-15, fixed.
+double noise(int u, int i) { return 1e-16 * (1 + (7 * i + 3 * u) % 17); }
 
 // Memory and throughput of a correct run (the values of a small CPU run, fixed).
 void add_sections(RunReport& r, int64_t model_state, int64_t measured, double tok_s, double step_s, bool baseline) {
@@ -132,16 +152,24 @@ Report fixed_report() {
   RunReport single = run("single", 1, 1, 1);
   single.checks = passing_checks();
   add_sections(single, 92672, 92672, 20000, 0.002, true);
+  add_tensor_errors(single, [](int u, int i, const std::string&) { return noise(u, i); });
   RunReport ddp = run("ddp", 2, 1, 1);
   ddp.checks = passing_checks();
   ddp.checks.back() = check("memory.budget", Verdict::Pass, 351000, 1 << 20, "worst peak 342.77 KiB within 1.00 MiB");
   add_sections(ddp, 92672, 92800, 8000, 0.0056, true);
+  add_tensor_errors(ddp, [](int u, int i, const std::string& name) {
+    return name == "wpe.weight" ? 0.0 : noise(u, i);  // an exact tensor sits on the axis' floor
+  });
   RunReport zero3 = run("zero3", 2, 1, 1);
   zero3.checks = passing_checks();
   zero3.checks[3] = check("grad.parity", Verdict::Fail, 0.5, 1e-10,
                           "worst update 1 <blocks.0.fc.weight> & \"bias\": rel L2 5.00e-01");
   add_sections(zero3, 46336, 46400, 4600, 0.0097, false);
   zero3.has_memory = false;  // throughput only: the sections filter independently
+  // The error sits in block 0 from update 1 on (a stale shard of one unit).
+  add_tensor_errors(zero3, [](int u, int i, const std::string& name) {
+    return u >= 1 && name.rfind("blocks.0.", 0) == 0 ? (name == "blocks.0.fc.weight" ? 0.5 : 0.01 * i) : noise(u, i);
+  });
   RunReport tp = run("tp", 1, 2, 1);
   tp.checks.clear();
   tp.error = "rank 1 exited with status 1\nrank1.log: RuntimeError: shape mismatch";
@@ -150,8 +178,10 @@ Report fixed_report() {
   caught.checks[2] = check("loss.global_mean", Verdict::Fail, 0.0104, 1e-10, "worst update 2");
   caught.checks[3] = check("grad.parity", Verdict::Fail, 0.616, 1e-10, "worst update 2 blocks.1.ln1.weight");
   add_sections(caught, 92672, 92672, 7000, 0.006, true);  // mutants stay out of the sections
+  add_tensor_errors(caught, [](int u, int i, const std::string&) { return u == 2 ? 0.05 + 0.02 * i : noise(u, i); });
   RunReport missed = run("zero1", 2, 1, 1, "stale-window-count");
   missed.checks = passing_checks();
+  add_tensor_errors(missed, [](int u, int i, const std::string&) { return noise(u, i); });
   rep.runs = {single, ddp, zero3, tp, caught, missed};
   return rep;
 }
@@ -205,6 +235,11 @@ AuditReport audit_with_differences() {
   a.before.checks.push_back(check("params.parity", Verdict::Pass, 9.63e-16, 1e-10, "worst update 1 lm_head.weight"));
   a.after.checks.push_back(check("params.parity", Verdict::Fail, INFINITY, 1e-10,
                                  "update 2: tensor 'lm_head.bias' missing from the backend's artifacts"));
+  add_tensor_errors(a.before, [](int u, int i, const std::string&) { return noise(u, i); });
+  add_tensor_errors(a.after, [](int u, int i, const std::string& name) {
+    if (u == 1) return name == "blocks.1.ln1.weight" ? 0.616 : 0.02 + 0.001 * i;
+    return u == 2 && i == 0 ? INFINITY : noise(u, i);  // inf: a tensor that cannot be compared
+  });
   a.before_facts.step_seconds_median = 0.0526;
   a.before_facts.peak_memory_bytes = 342000;
   a.before_facts.model_state_bytes = 46336;
@@ -263,6 +298,7 @@ AuditReport audit_with_failed_run() {
   a.before.checks = passing_checks();
   a.after = run("zero2", 2, 1, 1);
   a.after.error = "rank 0 timed out after 30 s\nrank0.log: waiting for rank 1";
+  add_tensor_errors(a.before, [](int u, int i, const std::string&) { return noise(u, i); });
   a.before_facts.peak_memory_bytes = 342000;
   a.before_facts.peak_memory_kind = "tracked tensor peak";
   a.tolerance = 1e-10;
@@ -280,6 +316,7 @@ AuditReport audit_preserved() {
   a.after_side = side("fsdp2", "torch-fsdp2", kExternalBackend);
   a.before = run(kExternalBackend, 2, 1, 1);
   a.before.checks = passing_checks();
+  add_tensor_errors(a.before, [](int u, int i, const std::string&) { return noise(u, i); });
   a.after = a.before;
   a.before_facts = adapter_facts("torch-fsdp1", "FSDP1 FULL_SHARD", 0.0526);
   a.after_facts = adapter_facts("torch-fsdp2", "fully_shard per block + root", 0.0354);
@@ -343,6 +380,35 @@ TEST(Writers, auditMarkdown) {
 TEST(Writers, auditConsole) {
   EXPECT_TRUE(matches_golden("writer_audit_console", header("auditConsole", "writer_audit_console") +
                                                          all_audits([](const AuditReport& a) { return audit_table(a); })));
+}
+
+namespace {
+
+// The first line of an HTML golden: a comment, so the approved file is still a page.
+std::string html_header(const std::string& test, const std::string& name) {
+  std::string h = header(test, name);
+  return "<!-- " + h.substr(2, h.size() - 3) + " -->\n";
+}
+
+// GRADCERT_HTML_OUT=DIR (golden/browser_test.py) also writes each page to DIR/<name>.html.
+void write_page(const std::string& name, const std::string& html) {
+  if (const char* dir = std::getenv("GRADCERT_HTML_OUT")) std::ofstream(std::string(dir) + "/" + name + ".html") << html;
+}
+
+}  // namespace
+
+TEST(Writers, reportHtml) {
+  const std::string html = report_html(fixed_report());
+  write_page("fixture_report", html);
+  EXPECT_TRUE(matches_golden("writer_report_html", html_header("reportHtml", "writer_report_html") + html));
+}
+
+TEST(Writers, auditHtml) {
+  write_page("fixture_audit_differences", audit_html(audit_with_differences()));
+  write_page("fixture_audit_failed_run", audit_html(audit_with_failed_run()));
+  write_page("fixture_audit_preserved", audit_html(audit_preserved()));
+  EXPECT_TRUE(matches_golden("writer_audit_html", html_header("auditHtml", "writer_audit_html") +
+                                                      all_audits([](const AuditReport& a) { return audit_html(a); })));
 }
 
 namespace {

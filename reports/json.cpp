@@ -168,6 +168,14 @@ std::string report_json(const Report& r) {
               {"run_dir", run.run_dir},
               {"wall_seconds", run.wall_seconds}};
     if (!run.error.empty()) j["error"] = run.error;
+    if (!run.tensor_errors.empty()) {
+      json t = json::array();
+      for (const auto& f : run.tensor_errors)
+        t.push_back({{"update", f.update}, {"tensor", f.tensor}, {"grad_rel", json_number(f.grad_rel)},
+                     {"grad_scale", std::isnan(f.grad_scale) ? json(nullptr) : json_number(f.grad_scale)},
+                     {"param_rel", json_number(f.param_rel)}});
+      j["tensor_errors"] = t;
+    }
     if (run.diagnosis.ran) {
       auto cand = [](const DiagnosisCandidate& c) {
         return json{{"id", c.id}, {"description", c.description}, {"figure", json_number(c.figure)},

@@ -8,6 +8,8 @@
 
 #include "conformance/core/files.hpp"
 #include "conformance/core/format.hpp"
+#include "conformance/core/strict_json.hpp"
+#include "conformance/protocol/run_folder.hpp"
 #include "conformance/protocol/safetensors.hpp"
 
 namespace gradcert {
@@ -56,17 +58,18 @@ SideData read_side(const std::string& dir, const Plan& plan, int world, DType dt
   // Names and shapes: the run already passed the harness's strict read against the
   // reference's; the audit compares the two sides' names with each other below.
   const TensorMap shapes = read_safetensors(dir + "/u0.params.safetensors");
-  d.updates = read_run(dir, plan, world, shapes, dtype);
+  d.updates = read_run(dir, plan, world, shapes, dtype, run_folder_nonce(dir));
   std::vector<double> steps;
   for (const auto& u : d.updates) steps.push_back(u.step_seconds);
   d.facts.step_seconds_median = median(steps);
-  const json m = json::parse(read_text_file(dir + "/manifest.json"), nullptr, false);
+  json m;  // read_run parsed it strictly already (depth, duplicate keys)
+  if (parse_json_strict(read_text_file(dir + "/manifest.json"), m)) m = json();
   if (m.is_object()) {
     if (m.contains("backend") && m["backend"].is_string()) d.facts.manifest_backend = m["backend"];
     if (m.contains("versions") && m["versions"].is_object())
       for (auto it = m["versions"].begin(); it != m["versions"].end(); ++it)
-        d.facts.versions[it.key()] = it.value().is_string() ? it.value().get<std::string>() : it.value().dump();
-    if (m.contains("notes")) d.facts.notes = m["notes"].is_string() ? m["notes"].get<std::string>() : m["notes"].dump();
+        d.facts.versions[it.key()] = it.value().is_string() ? it.value().get<std::string>() : json_excerpt(it.value(), 200);
+    if (m.contains("notes")) d.facts.notes = m["notes"].is_string() ? m["notes"].get<std::string>() : json_excerpt(m["notes"], 2000);
     // A number, or one per rank (the worst counts).
     auto worst = [&](const char* key) -> std::optional<double> {
       if (!m.contains(key)) return std::nullopt;

@@ -238,6 +238,14 @@ std::vector<TensorFigure> tensor_errors(const std::vector<ReferenceUpdate>& ref,
       f.update = static_cast<int>(u);
       f.tensor = name;
       f.grad_rel = rel(run[u].grads, name, g);
+      if (auto it = run[u].grads.find(name); it != run[u].grads.end() && it->second.values.size() == g.values.size()) {
+        long double dot = 0, rr = 0;
+        for (size_t i = 0; i < g.values.size(); ++i) {
+          dot += static_cast<long double>(it->second.values[i]) * g.values[i];
+          rr += static_cast<long double>(g.values[i]) * g.values[i];
+        }
+        if (rr > 0) f.grad_scale = static_cast<double>(dot / rr);
+      }
       auto p = ref[u].params_after.find(name);
       f.param_rel = p == ref[u].params_after.end() ? std::numeric_limits<double>::quiet_NaN()
                                                    : rel(run[u].params_after, name, p->second);
@@ -256,6 +264,7 @@ CheckResult check_grad_scale(const std::vector<ReferenceUpdate>& ref, const std:
   CheckResult c;
   c.id = "grad.scale";
   c.tolerance = tolerance;
+  if (ref.size() != run.size()) return missing_updates(c.id, ref, run);
   if (!(tolerance > 0)) {
     c.detail = "no scale tolerance set";
     return c;
@@ -342,6 +351,7 @@ std::vector<CheckResult> run_checks(const Plan& plan, int64_t dataset_size, cons
   in.reference = &ref;
   in.run = &run;
   in.tolerance = tolerance;
+  in.scale_tolerance = tolerance;  // no dtype-specific scale tolerance given: the parity one
   return run_checks(in);
 }
 

@@ -33,7 +33,8 @@ CheckResult check_params_parity(const std::vector<ReferenceUpdate>& ref, const s
 /// of). A tensor missing on the backend's side, or one that cannot be compared (shape), reads
 /// infinity; updates past the shorter of the two lists are left out. Reference order
 /// (by name); the report orders them as the model does.
-std::vector<TensorFigure> tensor_errors(const std::vector<ReferenceUpdate>& ref, const std::vector<BackendUpdate>& run);
+std::vector<TensorFigure> tensor_errors(const std::vector<ReferenceUpdate>& ref,
+                                        const std::vector<BackendUpdate>& run);
 
 /// memory.lower_bound: measured model-state bytes (exact storage sum) hold at least the
 /// estimate's model_state() and at most 2% more. Figure: (measured - estimate) / estimate.

@@ -39,7 +39,7 @@ Verb add_audit_verb(CLI::App& app, CommonOptions& o) {
             const AuditReport a = run_audit(req, std::cout);
             std::cout << audit_table(a);
             write_audit_files(a, req.out_dir);
-            std::cout << "# report: " << req.out_dir << "/audit.json (also audit.md, junit.xml)\n";
+            std::cout << "# report: " << req.out_dir << "/audit.json (also audit.md, junit.xml, report.html)\n";
             return a.run_failed() ? kBadInput : a.preserved() ? kPass : kCheckFailed;
           }};
 }

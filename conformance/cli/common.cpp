@@ -33,7 +33,7 @@ std::string report_dir(const CommonOptions& o) { return o.out.empty() ? new_repo
 int finish(const Report& report, const std::string& dir) {
   std::cout << report_table(report);
   write_report_files(report, dir);
-  std::cout << "# report: " << dir << "/report.json (also report.md, junit.xml)\n";
+  std::cout << "# report: " << dir << "/report.json (also report.md, junit.xml, report.html)\n";
   for (const auto& r : report.runs)
     if (!r.error.empty()) return kBadInput;
   return report.passed() ? kPass : kCheckFailed;

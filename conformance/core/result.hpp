@@ -2,6 +2,7 @@
 // render it; nothing here formats for a particular output.
 #pragma once
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,9 @@ struct TensorFigure {
   std::string tensor;
   double grad_rel = 0;
   double param_rel = 0;
+  /// <g, g_ref> / <g_ref, g_ref> for this tensor (NaN when the reference gradient is zero):
+  /// a normalisation bug is a scale, rounding noise mostly orthogonal (grad.scale's per-tensor view).
+  double grad_scale = std::numeric_limits<double>::quiet_NaN();
 };
 
 /// Where and with what a report was made.

@@ -1,6 +1,7 @@
 #include "conformance/core/tensors.hpp"
 
 #include <cmath>
+#include <limits>
 
 namespace gradcert {
 
@@ -48,14 +49,29 @@ TensorError compare_tensors(const HostTensor& observed, const HostTensor& expect
   }
   long double diff2 = 0, ref2 = 0;
   double max_abs = 0;
+  TensorError out;
   for (size_t i = 0; i < expected.values.size(); ++i) {
-    const double d = observed.values[i] - expected.values[i];
+    const double o = observed.values[i], e = expected.values[i];
+    const double d = o - e;
     diff2 += static_cast<long double>(d) * d;
-    ref2 += static_cast<long double>(expected.values[i]) * expected.values[i];
-    if (!(std::fabs(d) <= max_abs)) max_abs = std::fabs(d);
+    ref2 += static_cast<long double>(e) * e;
+    if (!std::isfinite(o) || !std::isfinite(e)) {
+      if (out.nonfinite++ == 0) {
+        out.first_nonfinite = static_cast<int64_t>(i);
+        out.first_observed = o;
+        out.first_expected = e;
+      }
+    }
+    // NaN is sticky: once the maximum is NaN no finite difference replaces it.
+    if (std::isnan(d) || std::isnan(max_abs)) max_abs = std::nan("");
+    else if (std::fabs(d) > max_abs) max_abs = std::fabs(d);
   }
   const double dn = std::sqrt(static_cast<double>(diff2)), rn = std::sqrt(static_cast<double>(ref2));
-  return {rn > 0 ? dn / rn : dn, max_abs};
+  out.relative = rn > 0 ? dn / rn : dn;
+  out.max_abs = max_abs;
+  // inf - inf is NaN, and ||ref|| = inf makes dn / rn NaN or 0: a non-finite input never reads as agreement.
+  if (out.nonfinite > 0 && std::isfinite(out.relative)) out.relative = std::numeric_limits<double>::quiet_NaN();
+  return out;
 }
 
 }  // namespace gradcert

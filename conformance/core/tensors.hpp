@@ -39,10 +39,15 @@ struct ArtifactError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-/// Relative L2 error ||a - b|| / ||b|| (||a - b|| when b is zero) and max |a - b|.
+/// Relative L2 error ||a - b|| / ||b|| (||a - b|| when b is zero) and max |a - b|. A
+/// non-finite value on either side makes both figures non-finite (NaN stays NaN; it is
+/// never overwritten by a later finite difference) and is counted.
 struct TensorError {
   double relative = 0;
   double max_abs = 0;
+  int64_t nonfinite = 0;         ///< positions where the observed or the expected value is NaN or +-inf
+  int64_t first_nonfinite = -1;  ///< the first such flat (row-major) index, -1 if none
+  double first_observed = 0, first_expected = 0;  ///< the two values there
 };
 /// Compares `observed` with `expected`; throws ArtifactError naming the tensor when the shapes differ.
 TensorError compare_tensors(const HostTensor& observed, const HostTensor& expected);

@@ -138,8 +138,9 @@ MemoryEstimate estimate_memory(const EstimateInput& in) {
   MemoryEstimate e;
   e.input = in;
   auto& x = e.input;
-  if (x.strategy == Sharding::TP && x.tp == 1) x.tp = x.world / x.pp;
-  if (x.strategy == Sharding::PP && x.pp == 1) x.pp = x.world / x.tp;
+  // tp and pp are taken as given: tp = 1 under the tp strategy is TP = 1 x DP (a run of
+  // `--backend tp --world 2 --tp 1`), not "unset". `gradcert estimate` resolves an unset
+  // --tp / --pp to the strategy's default before it gets here.
   if (x.tp < 1 || x.pp < 1 || x.world % (x.tp * x.pp) != 0)
     bad("world " + std::to_string(x.world) + " is not a multiple of tp x pp = " + std::to_string(x.tp * x.pp));
   if (x.strategy == Sharding::Single && x.world != 1) bad("strategy single runs on one rank, not " +

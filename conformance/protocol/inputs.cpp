@@ -1,8 +1,10 @@
 #include "conformance/protocol/inputs.hpp"
 
+#include <cstdint>
 #include <nlohmann/json.hpp>
 
 #include "conformance/core/files.hpp"
+#include "conformance/core/strict_json.hpp"
 #include "conformance/core/tensors.hpp"
 
 namespace gradcert {
@@ -21,8 +23,14 @@ struct Reader {
     return j.at(key);
   }
   int64_t integer(const json& j, const std::string& field) const {
-    if (!j.is_number_integer()) fail(field, "expected an integer, got " + std::string(j.type_name()));
+    if (!j.is_number_integer()) fail(field, "expected an integer, got " + json_excerpt(j));
+    if (j.is_number_unsigned() && j.get<uint64_t>() > uint64_t(INT64_MAX)) fail(field, "integer out of range");
     return j.get<int64_t>();
+  }
+  int int32(const json& j, const std::string& field) const {
+    const int64_t v = integer(j, field);
+    if (v < INT32_MIN || v > INT32_MAX) fail(field, "integer out of range");
+    return static_cast<int>(v);
   }
   bool boolean(const json& j, const std::string& field) const {
     if (!j.is_boolean()) fail(field, "expected true or false, got " + std::string(j.type_name()));
@@ -45,35 +53,30 @@ struct Reader {
 
 Plan parse_plan_json(const std::string& text, const std::string& source, Spec* spec_out) {
   const Reader rd{source};
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::exception& e) {
-    throw ArtifactError(source + ": not valid JSON: " + e.what());
-  }
+  const json j = parse_artifact_json(text, source);
   if (!j.is_object() || !j.contains("schema") || j["schema"] != "gradcert.plan/1")
     rd.fail("schema", "expected \"gradcert.plan/1\"");
   const Spec spec = parse_spec(rd.at(j, "spec", "").dump(), source + " (spec)");
   Plan p;
   const json& topo = rd.at(j, "topology", "");
-  p.dp = static_cast<int>(rd.integer(rd.at(topo, "dp", "topology"), "topology.dp"));
-  p.tp = static_cast<int>(rd.integer(rd.at(topo, "tp", "topology"), "topology.tp"));
-  p.pp = static_cast<int>(rd.integer(rd.at(topo, "pp", "topology"), "topology.pp"));
+  p.dp = rd.int32(rd.at(topo, "dp", "topology"), "topology.dp");
+  p.tp = rd.int32(rd.at(topo, "tp", "topology"), "topology.tp");
+  p.pp = rd.int32(rd.at(topo, "pp", "topology"), "topology.pp");
   if (p.dp != spec.topology.dp || p.tp != spec.topology.tp || p.pp != spec.topology.pp)
     rd.fail("topology", "differs from the spec's topology");
   p.micro = spec.batch.micro;
   p.accum = spec.batch.accum;
   p.update_batch = rd.integer(rd.at(j, "update_batch", ""), "update_batch");
   if (p.update_batch != update_batch_size(p.micro, p.accum, p.dp)) rd.fail("update_batch", "is not B_micro x A x D");
-  p.windows_per_epoch = static_cast<int>(rd.integer(rd.at(j, "windows_per_epoch", ""), "windows_per_epoch"));
+  p.windows_per_epoch = rd.int32(rd.at(j, "windows_per_epoch", ""), "windows_per_epoch");
   const json& windows = rd.array(rd.at(j, "windows", ""), "windows");
   for (size_t u = 0; u < windows.size(); ++u) {
     const std::string wf = "windows[" + std::to_string(u) + "]";
     const json& wj = windows[u];
     Window w;
-    w.update = static_cast<int>(rd.integer(rd.at(wj, "update", wf), wf + ".update"));
+    w.update = rd.int32(rd.at(wj, "update", wf), wf + ".update");
     if (w.update != static_cast<int>(u)) rd.fail(wf + ".update", "expected " + std::to_string(u));
-    w.epoch = static_cast<int>(rd.integer(rd.at(wj, "epoch", wf), wf + ".epoch"));
+    w.epoch = rd.int32(rd.at(wj, "epoch", wf), wf + ".epoch");
     w.index_in_epoch = p.windows_per_epoch > 0 ? w.update - w.epoch * p.windows_per_epoch : 0;
     w.partial = rd.boolean(rd.at(wj, "partial", wf), wf + ".partial");
     w.ids = rd.ids(rd.at(wj, "ids", wf), wf + ".ids");

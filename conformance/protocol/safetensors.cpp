@@ -1,6 +1,7 @@
 #include "conformance/protocol/safetensors.hpp"
 
 #include "conformance/core/files.hpp"
+#include "conformance/core/strict_json.hpp"
 
 #include <unistd.h>
 
@@ -21,7 +22,6 @@ namespace {
 using json = nlohmann::json;
 
 constexpr uint64_t kMaxHeaderBytes = 100ull * 1024 * 1024;
-constexpr int kMaxJsonDepth = 64;
 
 size_t element_size(DType d) {
   switch (d) {
@@ -109,26 +109,6 @@ void encode_value(std::string& out, double v, DType d) {
       store_le(out, float_to_bf16(static_cast<float>(v)), 2);
       return;
   }
-}
-
-// Rejects nesting deep enough to stress the JSON library's stack.
-bool json_depth_ok(const std::string& text) {
-  int depth = 0;
-  bool in_string = false, escaped = false;
-  for (char c : text) {
-    if (in_string) {
-      if (escaped) escaped = false;
-      else if (c == '\\') escaped = true;
-      else if (c == '"') in_string = false;
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      if (++depth > kMaxJsonDepth) return false;
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
-  return true;
 }
 
 bool json_to_int64(const json& j, int64_t& out) {
@@ -222,12 +202,15 @@ TensorMap parse_safetensors(const std::string& label, const std::string& bytes,
   const char* data = bytes.data() + 8 + header_len;
   const uint64_t data_len = bytes.size() - 8 - header_len;
 
-  if (!json_depth_ok(header_text)) throw fail("safetensors header JSON is nested too deeply");
+  // As Python safetensors 0.8 reads it: the header starts with '{' and is JSON up to its
+  // padding (spaces); a NUL would end nlohmann's input early and hide what follows it.
+  if (header_text[0] != '{') throw fail("safetensors header does not start with '{'");
+  if (header_text.find('\0') != std::string::npos) throw fail("safetensors header holds a NUL byte");
   json header;
-  try {
-    header = json::parse(header_text);
-  } catch (const json::exception& e) {
-    throw fail(std::string("safetensors header is not valid JSON: ") + e.what());
+  if (auto p = parse_json_strict(header_text, header)) {
+    if (p->kind == JsonProblem::Kind::DuplicateKey && p->path == p->key)
+      throw fail_tensor(p->key, "named twice in the header (the last would silently win)");
+    throw fail("safetensors header: " + p->message());
   }
   if (!header.is_object()) throw fail("safetensors header is not a JSON object");
 
@@ -286,20 +269,38 @@ TensorMap parse_safetensors(const std::string& label, const std::string& bytes,
     entries.push_back(std::move(e));
   }
 
+  // The tensors tile the data section exactly, as Python safetensors 0.8 requires: sorted
+  // by offsets, each begins where the previous ended (no overlap, no gap), and the last
+  // ends at the end of the file (no trailing bytes).
   std::vector<const Entry*> by_offset;
-  for (const Entry& e : entries)
-    if (e.end > e.begin) by_offset.push_back(&e);
-  std::sort(by_offset.begin(), by_offset.end(),
-            [](const Entry* a, const Entry* b) { return a->begin < b->begin; });
-  for (size_t i = 1; i < by_offset.size(); ++i)
-    if (by_offset[i - 1]->end > by_offset[i]->begin)
-      throw fail_tensor(by_offset[i]->name,
-                        "data_offsets overlap those of tensor '" + by_offset[i - 1]->name + "'");
+  for (const Entry& e : entries) by_offset.push_back(&e);
+  std::sort(by_offset.begin(), by_offset.end(), [](const Entry* a, const Entry* b) {
+    return a->begin != b->begin ? a->begin < b->begin : a->end < b->end;
+  });
+  int64_t covered = 0;
+  const Entry* prev = nullptr;
+  for (const Entry* e : by_offset) {
+    if (e->begin < covered)
+      throw fail_tensor(e->name, "data_offsets overlap those of tensor '" + prev->name + "'");
+    if (e->begin > covered)
+      throw fail_tensor(e->name, "data_offsets begin at " + std::to_string(e->begin) + ", leaving a gap of " +
+                                     std::to_string(e->begin - covered) + " bytes after " +
+                                     (prev ? "tensor '" + prev->name + "'" : std::string("the header")));
+    covered = e->end;
+    prev = e;
+  }
+  if (static_cast<uint64_t>(covered) != data_len)
+    throw fail(std::to_string(data_len - static_cast<uint64_t>(covered)) + " trailing bytes after the last tensor" +
+               (prev ? " ('" + prev->name + "')" : std::string()) + ": the data section is " +
+               std::to_string(data_len) + " bytes, the tensors cover " + std::to_string(covered));
 
   if (!expect.empty()) {
-    for (const auto& [name, want] : expect) {
+    for (const auto& kv : expect) {
+      // Not a structured binding: C++17 lambdas cannot capture one (clang rejects it).
+      const std::string& name = kv.first;
+      const TensorExpectation& want = kv.second;
       auto it = std::find_if(entries.begin(), entries.end(),
-                             [&](const Entry& e) { return e.name == name; });
+                             [&name](const Entry& e) { return e.name == name; });
       if (it == entries.end()) throw fail("tensor '" + name + "' is missing");
       if (it->shape != want.shape)
         throw fail_tensor(name, "shape " + shape_text(it->shape) + " but the plan expects " +

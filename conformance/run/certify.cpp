@@ -2,9 +2,16 @@
 
 #include "backends/catalog.hpp"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <chrono>
+#include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
+#include <stdexcept>
 
 #include "backends/catalog.hpp"
 
@@ -91,18 +98,28 @@ Report run_certify(const CertifyOptions& o, std::ostream& progress) {
   return report;
 }
 
+// NOTE [report folders] Two invocations in the same second must not share a folder: each
+// name is claimed with mkdir(2) without -p, which fails with EEXIST for all but one caller,
+// and the loser takes the next name. `latest` is replaced atomically: a symlink made under
+// a name of this process's own, then rename(2)d over the old link.
 std::string new_report_dir(const std::string& root) {
   std::time_t now = std::time(nullptr);
   char ts[32];
   std::strftime(ts, sizeof ts, "%Y%m%dT%H%M%SZ", std::gmtime(&now));
-  fs::create_directories(root);
-  std::string name = ts;
-  for (int k = 1; fs::exists(root + "/" + name); ++k) name = std::string(ts) + "-" + std::to_string(k);
-  fs::create_directories(root + "/" + name);
-  const fs::path latest = root + "/latest";
   std::error_code ec;
-  fs::remove(latest, ec);
-  fs::create_directory_symlink(name, latest, ec);
+  fs::create_directories(root, ec);
+  if (ec) throw std::invalid_argument(root + ": cannot create the report folder: " + ec.message());
+  std::string name;
+  for (int k = 0;; ++k) {
+    name = k == 0 ? std::string(ts) : std::string(ts) + "-" + std::to_string(k);
+    if (::mkdir((root + "/" + name).c_str(), 0777) == 0) break;
+    if (errno != EEXIST || k >= 100000)
+      throw std::invalid_argument(root + "/" + name + ": cannot create the report folder: " + std::strerror(errno));
+  }
+  const std::string tmp = root + "/.latest." + std::to_string(::getpid()) + "." + name;
+  ::unlink(tmp.c_str());
+  if (::symlink(name.c_str(), tmp.c_str()) == 0 && ::rename(tmp.c_str(), (root + "/latest").c_str()) != 0)
+    ::unlink(tmp.c_str());  // e.g. `latest` is a real folder: leave it, as before
   return root + "/" + name;
 }
 

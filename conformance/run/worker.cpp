@@ -100,8 +100,10 @@ int worker_main(const WorkerArgs& args) {
       }
       maybe_corrupt(args.run_dir, rank, w.update);
     }
-    write_rank_record(args.run_dir, rank, plan.dp_rank_of(rank), records);
-    if (rank == 0) write_manifest(args.run_dir, args.backend, world, manifest);
+    // The harness gives every rank this run's nonce; the files echo it (NOTE [run nonce]).
+    const char* nonce = std::getenv("GRADCERT_RUN_NONCE");
+    write_rank_record(args.run_dir, rank, plan.dp_rank_of(rank), records, nonce ? nonce : "");
+    if (rank == 0) write_manifest(args.run_dir, args.backend, world, manifest, nonce ? nonce : "");
 
     RankMemory memory;
     memory.rank = rank;

@@ -13,6 +13,13 @@ fail the run naming the file (and the tensor):
   wrong-dtype     blocks.0.fc.weight is written as F32 (F16 for a float32 run)
   missing-tensor  blocks.0.fc.weight is left out
   oversized-header  the header length field says 200 MiB
+  silent          writes nothing and exits 0 (a reused run folder must not pass on old files)
+  no-nonce        manifest.json leaves out "nonce" (GRADCERT_RUN_NONCE)
+  other-nonce     rank1.json carries another run's nonce
+  float-ids       rank0.json reports its first sample id as a float (3.0)
+  deep-notes      manifest.json's "notes" (read by the audit) is nested 100000 levels deep
+
+Every file echoes GRADCERT_RUN_NONCE as "nonce" (backends/PROTOCOL.md) unless MODE says not.
 """
 
 import json
@@ -48,7 +55,10 @@ def safetensors_bytes(tensors):
 
 def main():
     mode = sys.argv[1] if len(sys.argv) > 1 else "ok"
+    if mode == "silent":
+        return
     out = os.environ["GRADCERT_OUT"]
+    nonce = os.environ["GRADCERT_RUN_NONCE"]
     with open(os.environ["GRADCERT_PLAN"]) as f:
         plan = json.load(f)
     dtype = SPEC_DTYPE[plan["spec"]["dtype"]]
@@ -61,8 +71,14 @@ def main():
         ups = [{"update": w["update"], "consumed": [mb["ids"] for mb in w["slots"][d]],
                 "loss_sum": 0.0, "valid_targets": sum(mb["valid_targets"] for mb in w["slots"][d])}
                for w in plan["windows"]]
+        if mode == "float-ids" and g == 0:
+            first = next(mbs for up in ups for mbs in up["consumed"] if mbs)
+            first[0] = float(first[0])
+        rec = {"schema": "gradcert.rank/1", "rank": g, "dp_rank": d, "nonce": nonce, "updates": ups}
+        if mode == "other-nonce" and g == 1:
+            rec["nonce"] = "0" * 32
         with open(os.path.join(out, f"rank{g}.json"), "w") as f:
-            json.dump({"schema": "gradcert.rank/1", "rank": g, "dp_rank": d, "updates": ups}, f)
+            json.dump(rec, f)
 
     updates = []
     for w in plan["windows"]:
@@ -86,9 +102,15 @@ def main():
                 f.write(data)
         updates.append({"update": u, "loss": 0.0, "valid_targets": w["valid_targets"], "step_seconds": 0.0,
                         "grads": f"u{u}.grads.safetensors", "params": f"u{u}.params.safetensors"})
+    manifest = {"schema": "gradcert.artifacts/1", "backend": f"fake-{mode}", "world": ranks, "nonce": nonce,
+                "updates": updates}
+    if mode == "no-nonce":
+        del manifest["nonce"]
+    text = json.dumps(manifest)
+    if mode == "deep-notes":  # json.dumps would recurse; splice the text in
+        text = text[:-1] + ', "notes": ' + "[" * 100000 + "]" * 100000 + "}"
     with open(os.path.join(out, "manifest.json"), "w") as f:
-        json.dump({"schema": "gradcert.artifacts/1", "backend": f"fake-{mode}", "world": ranks,
-                   "updates": updates}, f)
+        f.write(text)
 
 
 if __name__ == "__main__":

@@ -6,18 +6,14 @@
 #include <string>
 
 #include "conformance/checks/checks.hpp"
+#include "conformance/tests/temp_dirs.hpp"
 #include "reports/report.hpp"
 
 namespace gradcert::test {
 
-/// An empty folder under the temp directory, unique per test process: <prefix>_<name>_<pid>.
-inline std::string fresh_dir(const std::string& prefix, const std::string& name) {
-  namespace fs = std::filesystem;
-  const auto d = fs::temp_directory_path() / (prefix + "_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d.string();
-}
+/// An empty folder under the temp directory, unique per test process: <prefix>_<name>_<pid>;
+/// removed when the test passes, kept (and its path printed) when it fails (temp_dirs.hpp).
+inline std::string fresh_dir(const std::string& prefix, const std::string& name) { return temp_dir(prefix, name); }
 
 /// A run's error and every check that did not pass, one per line (for assertion messages).
 /// The ids of a run's checks, in report order.

@@ -229,6 +229,6 @@ TEST(Report, FilesAreWrittenWhole) {
     ++files;
     EXPECT_EQ(e.path().string().find(".tmp"), std::string::npos) << "no temporary left: " << e.path();
   }
-  EXPECT_EQ(files, 3);
+  EXPECT_EQ(files, 4);  // report.json, report.md, junit.xml, report.html
   EXPECT_NO_THROW(nlohmann::json::parse(std::ifstream(dir / "report.json")));
 }

@@ -91,8 +91,9 @@ TEST(MemoryEstimate, EveryStrategyWithCeilShards) {
       {Sharding::ZeRO3, 4, 1, 1, 251 * 2, 251 * 2, 251 * 4, 251 * 8, 100 * 4},  // + params, + unit (w + g)
       {Sharding::FSDP, 4, 1, 1, 251 * 2, 251 * 2, 251 * 4, 251 * 8, 100 * 4},
       {Sharding::ZeRO3, 1, 1, 1, 2002, 2002, 4004, 8008, 0},        // one rank: nothing to gather
-      {Sharding::TP, 4, 1, 1, 401 * 2, 401 * 2, 401 * 4, 401 * 8, 0},  // ceil(801/4) + 200 = 401
-      {Sharding::PP, 4, 1, 1, 251 * 2, 251 * 2, 251 * 4, 251 * 8, 0},  // average stage ceil(1001/4)
+      {Sharding::TP, 4, 4, 1, 401 * 2, 401 * 2, 401 * 4, 401 * 8, 0},  // ceil(801/4) + 200 = 401
+      {Sharding::TP, 4, 1, 1, 2002, 2002, 4004, 8008, 0},              // TP = 1 x DP 4: a full replica
+      {Sharding::PP, 4, 1, 4, 251 * 2, 251 * 2, 251 * 4, 251 * 8, 0},  // average stage ceil(1001/4)
       {Sharding::TP, 4, 2, 2, 301 * 2, 301 * 2, 301 * 4, 301 * 8, 0},  // ceil((ceil(801/2)+200)/2) = 301
       // ZeRO-1 over dp 4 of a tp-2 replica: P_r = 401 + 200 = 601, s = ceil(601/4) = 151.
       {Sharding::ZeRO1, 8, 2, 1, 601 * 2, 601 * 2, 151 * 4, 151 * 8, 0},

@@ -1,5 +1,6 @@
 // Tests for the local and mpirun launchers, using /bin/sh scripts as ranks.
 #include "conformance/launch/launcher.hpp"
+#include "conformance/tests/temp_dirs.hpp"
 
 #include <gtest/gtest.h>
 
@@ -22,6 +23,7 @@ std::string fresh_dir(const std::string& name) {
   std::string tmpl = (fs::temp_directory_path() / ("gradcert_launcher_" + name + "_XXXXXX")).string();
   char* made = mkdtemp(tmpl.data());
   if (!made) throw std::runtime_error("mkdtemp failed");
+  test::track_dir(made);                      // removed when the test passes
   return std::string(made) + "/logs/nested";  // launch must create it
 }
 

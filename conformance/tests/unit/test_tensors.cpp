@@ -1,6 +1,7 @@
 #include "conformance/core/files.hpp"
 #include "conformance/core/tensors.hpp"
 #include "conformance/protocol/safetensors.hpp"
+#include "conformance/tests/temp_dirs.hpp"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -18,11 +19,7 @@ namespace fs = std::filesystem;
 
 const std::string kLabel = "out/u0.grads.safetensors";
 
-fs::path scratch_dir() {
-  fs::path dir = fs::temp_directory_path() / ("gradcert_tensors_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  return dir;
-}
+fs::path scratch_dir() { return test::scratch_dir("gradcert_tensors"); }
 
 HostTensor tensor(const std::string& name, std::vector<int64_t> shape, std::vector<double> values,
                   DType dtype) {

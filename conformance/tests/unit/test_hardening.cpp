@@ -1,0 +1,161 @@
+// Hardening, torch-free: safetensors as strict as Python safetensors 0.8, non-finite
+// gradients reported as such, the TP = 1 estimate, and run folders gradcert may empty.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <string>
+
+#include "conformance/checks/checks.hpp"
+#include "conformance/core/files.hpp"
+#include "conformance/memory/memory.hpp"
+#include "conformance/protocol/run_folder.hpp"
+#include "conformance/protocol/safetensors.hpp"
+#include "conformance/tests/temp_dirs.hpp"
+#include "reports/report.hpp"
+
+using namespace gradcert;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string le64(uint64_t v) {
+  std::string s;
+  for (int i = 0; i < 8; ++i) s.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+  return s;
+}
+
+std::string zeros(size_t n) { return std::string(n, '\0'); }
+
+std::string st_error(const std::string& header, const std::string& data) {
+  try {
+    parse_safetensors("f.safetensors", le64(header.size()) + header + data);
+  } catch (const ArtifactError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+HostTensor vec(const std::string& name, std::vector<double> v) {
+  HostTensor t;
+  t.name = name;
+  t.shape = {static_cast<int64_t>(v.size())};
+  t.values = std::move(v);
+  return t;
+}
+
+}  // namespace
+
+// (4) nlohmann kept the last of two entries with one name.
+TEST(StrictSafetensors, RejectsATensorNamedTwice) {
+  EXPECT_EQ(st_error(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                     R"("a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+                     zeros(8)),
+            "f.safetensors: tensor 'a': named twice in the header (the last would silently win)");
+}
+
+// (4) Bytes between two tensors, before the first, or after the last were accepted.
+TEST(StrictSafetensors, RejectsGapsAndTrailingBytes) {
+  EXPECT_EQ(st_error(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                     R"("b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})",
+                     zeros(12)),
+            "f.safetensors: tensor 'b': data_offsets begin at 8, leaving a gap of 4 bytes after tensor 'a'");
+  EXPECT_EQ(st_error(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", zeros(8)),
+            "f.safetensors: tensor 'a': data_offsets begin at 4, leaving a gap of 4 bytes after the header");
+  EXPECT_EQ(st_error(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", zeros(6)),
+            "f.safetensors: 2 trailing bytes after the last tensor ('a'): the data section is 6 bytes, the "
+            "tensors cover 4");
+  EXPECT_EQ(st_error("{}", zeros(1)),
+            "f.safetensors: 1 trailing bytes after the last tensor: the data section is 1 bytes, the tensors cover 0");
+  // Empty tensors sit at the running offset; the writer's own files still read.
+  EXPECT_EQ(st_error(R"({"a":{"dtype":"F32","shape":[0],"data_offsets":[0,0]},)"
+                     R"("b":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
+                     zeros(4)),
+            "(no error)");
+}
+
+// (4) A NUL ends nlohmann's input early, so what followed it was never parsed.
+TEST(StrictSafetensors, RejectsNulAndNonObjectHeaders) {
+  EXPECT_EQ(st_error(std::string(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})") + '\0' + "garbage",
+                     zeros(4)),
+            "f.safetensors: safetensors header holds a NUL byte");
+  EXPECT_EQ(st_error(" {}", ""), "f.safetensors: safetensors header does not start with '{'");
+}
+
+// (13) One NaN used to be overwritten by the next finite difference: "max abs 6.94e-17".
+TEST(NonFinite, CompareKeepsNaNAndCountsIt) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const TensorError e = compare_tensors(vec("w", {1.0, nan, 2.0, 3.0 + 1e-16}), vec("w", {1.0, 0.5, 2.0, 3.0}));
+  EXPECT_TRUE(std::isnan(e.relative));
+  EXPECT_TRUE(std::isnan(e.max_abs));
+  EXPECT_EQ(e.nonfinite, 1);
+  EXPECT_EQ(e.first_nonfinite, 1);
+  const TensorError inf = compare_tensors(vec("w", {1.0, 2.0}), vec("w", {1.0, HUGE_VAL}));
+  EXPECT_FALSE(std::isfinite(inf.relative));
+  EXPECT_EQ(inf.nonfinite, 1);
+}
+
+TEST(NonFinite, ParityDetailSaysHowManyAndWhere) {
+  ReferenceUpdate ref;
+  ref.grads["w"] = vec("w", {0.1, 0.2, 0.3});
+  BackendUpdate got;
+  got.grads["w"] = vec("w", {0.1, std::nan(""), 0.3 + 1e-17});
+  const CheckResult c = check_grad_parity({ref}, {got}, 1e-10);
+  EXPECT_EQ(c.verdict, Verdict::Fail);
+  EXPECT_EQ(c.detail,
+            "worst update 0 w: rel L2 nan, max abs nan; 1 non-finite value in update 0 w, first at flat index 1 "
+            "(backend nan, reference 0.2)");
+  // report.json: a non-finite figure is the string "nan" / "inf" / "-inf" (format.hpp json_number).
+  Report r;
+  RunReport run;
+  run.checks.push_back(c);
+  r.runs.push_back(run);
+  const auto j = nlohmann::json::parse(report_json(r));
+  EXPECT_EQ(j["runs"][0]["checks"][0]["figure"], "nan");
+}
+
+// (6) estimate_memory read tp = 1 under the tp strategy as "unset" (tp = world / pp), so a
+// correct `--backend tp --world 2 --tp 1` run failed memory.lower_bound.
+TEST(EstimateTp, TpOfOneIsTpOfOne) {
+  Spec spec;
+  spec.topology = {2, 1, 1};
+  const MemoryEstimate tp = estimate_for_run(spec, Sharding::TP, 0);
+  const MemoryEstimate ddp = estimate_for_run(spec, Sharding::DDP, 0);
+  EXPECT_EQ(tp.input.tp, 1);
+  EXPECT_EQ(tp.dp, 2);
+  EXPECT_EQ(tp.model_state(), ddp.model_state()) << "TP = 1 holds a full replica, as DDP does";
+}
+
+// (1) Run folders: a fresh one gets a marker and a nonce; a marked one is emptied; anything
+// else is refused with the path named, and nothing is removed.
+TEST(RunFolder, EmptiesOnlyFoldersGradcertMade) {
+  const std::string root = test::temp_dir("gradcert_unit_runfolder", "root");
+  const std::string dir = root + "/runs/a";
+  const std::string n1 = prepare_run_folder(dir);
+  EXPECT_EQ(n1.size(), 32u);
+  EXPECT_EQ(run_folder_nonce(dir), n1);
+  write_file_atomic(dir + "/manifest.json", "{}");
+  const std::string n2 = prepare_run_folder(dir);
+  EXPECT_NE(n1, n2);
+  EXPECT_FALSE(fs::exists(dir + "/manifest.json")) << "the previous run's files are gone";
+
+  const std::string foreign = root + "/mine";
+  fs::create_directories(foreign);
+  write_file_atomic(foreign + "/thesis.tex", "precious");
+  try {
+    prepare_run_folder(foreign);
+    FAIL() << "emptied a folder gradcert did not make";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()), "run folder '" + foreign +
+                                         "' holds files but no marker; gradcert only empties run folders it made "
+                                         "(marker .gradcert-run): remove it or choose another --out");
+  }
+  EXPECT_TRUE(fs::exists(foreign + "/thesis.tex"));
+  EXPECT_THROW(prepare_run_folder(foreign + "/thesis.tex"), std::invalid_argument);
+  fs::create_directory_symlink(dir, root + "/link");
+  EXPECT_THROW(prepare_run_folder(root + "/link"), std::invalid_argument);
+  EXPECT_EQ(run_folder_nonce(dir), n2) << "the link's target was left alone";
+}

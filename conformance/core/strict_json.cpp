@@ -34,7 +34,8 @@ std::string path_of(const std::vector<Frame>& frames) {
       p += (p.empty() ? "" : ".") + (f.key.size() > 60 ? f.key.substr(0, 60) + "..." : f.key);
     if (!f.object && f.index >= 0) p += "[" + std::to_string(f.index) + "]";
   }
-  return p;
+  // At the depth limit the path is ~64 levels long: keep its start (where it went wrong).
+  return p.size() > 100 ? p.substr(0, 80) + "..." : p;
 }
 
 void excerpt(const json& v, std::string& out, size_t cap, int depth) {

@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "conformance/core/files.hpp"
+#include "conformance/core/strict_json.hpp"
 #include "conformance/protocol/safetensors.hpp"
 
 namespace gradcert {
@@ -11,13 +12,8 @@ namespace {
 
 using nlohmann::json;
 
-json parse_file(const std::string& path) {
-  try {
-    return json::parse(read_text_file(path));
-  } catch (const json::exception& e) {
-    throw ArtifactError(path + ": not valid JSON: " + e.what());
-  }
-}
+// Strictly, like a stack's files: depth bounded, duplicate keys refused (core/strict_json.hpp).
+json parse_file(const std::string& path) { return parse_artifact_json(read_text_file(path), path); }
 
 int64_t integer(const json& j, const char* key, const std::string& where) {
   if (!j.is_object() || !j.contains(key) || !j[key].is_number_integer())
@@ -47,7 +43,7 @@ ReferenceRun read_reference_run(const std::string& dir, const Plan& plan, const 
   if (m.contains("precision") && m["precision"].is_object()) {
     const json& p = m["precision"];
     out.float64_throughout = p.value("float64_throughout", true);
-    if (!out.float64_throughout) out.precision_note = p.dump().substr(0, 400);
+    if (!out.float64_throughout) out.precision_note = json_excerpt(p, 400);
   }
   for (size_t u = 0; u < plan.windows.size(); ++u) {
     const json& e = m["updates"][u];

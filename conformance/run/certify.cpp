@@ -66,6 +66,7 @@ Report run_certify(const CertifyOptions& o, std::ostream& progress) {
   Report report;
   const auto requests = certify_matrix(o);
   int max_world = 1;
+  double elapsed = 0;
   for (size_t i = 0; i < requests.size(); ++i) {
     const auto& req = requests[i];
     RunReport r = run_backend(req);
@@ -75,10 +76,14 @@ Report run_certify(const CertifyOptions& o, std::ostream& progress) {
     std::string topo = "dp" + std::to_string(r.topology.dp);
     if (r.topology.tp > 1) topo += " tp" + std::to_string(r.topology.tp);
     if (r.topology.pp > 1) topo += " pp" + std::to_string(r.topology.pp);
-    std::snprintf(line, sizeof line, "# [%2zu/%zu] %-6s %-10s %-8s %-5s %-29s %s (%.1f s)\n", i + 1, requests.size(),
-                  req.backend.c_str(), topo.c_str(), r.dtype.c_str(), r.optimizer.c_str(),
+    // ETA: the mean wall time of the runs so far times the runs left.
+    elapsed += r.wall_seconds;
+    const double eta = elapsed / static_cast<double>(i + 1) * static_cast<double>(requests.size() - i - 1);
+    std::snprintf(line, sizeof line, "# [%2zu/%zu] %-6s %-10s %-8s %-5s %-29s %s (%.1f s; ETA %.0f s)\n", i + 1,
+                  requests.size(), req.backend.c_str(), topo.c_str(), r.dtype.c_str(), r.optimizer.c_str(),
                   req.inject.empty() ? "" : ("inject " + req.inject).c_str(),
-                  req.inject.empty() ? (good ? "pass" : "FAIL") : (good ? "caught" : "NOT CAUGHT"), r.wall_seconds);
+                  req.inject.empty() ? (good ? "pass" : "FAIL") : (good ? "caught" : "NOT CAUGHT"), r.wall_seconds,
+                  eta);
     progress << line << std::flush;
     report.runs.push_back(std::move(r));
   }

@@ -39,6 +39,12 @@ std::string xml_escape(const std::string& s) {
   return o;
 }
 
+std::string exact_text(double x) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.15g", x);
+  return b;
+}
+
 std::string human_bytes(double bytes) {
   static const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
   int u = 0;

@@ -12,6 +12,8 @@ std::string figure_text(double x);
 nlohmann::json json_number(double x);
 /// Text escaped for XML attributes and content (control characters become spaces).
 std::string xml_escape(const std::string& s);
+/// A number with every significant digit a double holds (%.15g): recipes, formulas.
+std::string exact_text(double x);
 /// "8.94 GiB", "3.20 MiB", "512 B" (binary units, 2 decimals above 1 KiB).
 std::string human_bytes(double bytes);
 /// Scientific form, trailing zeros dropped, up to 5 significant digits: 9.6e9, 1.284e9, 5.792e3.

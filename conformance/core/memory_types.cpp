@@ -1,20 +1,12 @@
 #include "conformance/core/memory_types.hpp"
 
+#include "conformance/core/format.hpp"
+
 #include <cstdio>
 #include <sstream>
 #include <stdexcept>
 
 namespace gradcert {
-
-namespace {
-
-std::string num(double x) {
-  char b[32];
-  std::snprintf(b, sizeof b, "%.15g", x);
-  return b;
-}
-
-}  // namespace
 
 std::string Recipe::breakdown() const {
   std::ostringstream o;
@@ -25,10 +17,10 @@ std::string Recipe::breakdown() const {
   bool first = true;
   for (const auto& [b, label] : parts) {
     if (b == 0) continue;
-    o << (first ? "" : " + ") << num(b) << " (" << *label << ")";
+    o << (first ? "" : " + ") << exact_text(b) << " (" << *label << ")";
     first = false;
   }
-  o << " = " << num(per_param()) << " B/param";
+  o << " = " << exact_text(per_param()) << " B/param";
   return o.str();
 }
 

@@ -12,11 +12,6 @@ namespace gradcert {
 
 namespace {
 
-std::string num(double x) {
-  char b[32];
-  std::snprintf(b, sizeof b, "%.15g", x);
-  return b;
-}
 
 int64_t ceil_div(int64_t a, int64_t b) { return b <= 0 ? a : (a + b - 1) / b; }
 
@@ -176,7 +171,7 @@ MemoryEstimate estimate_memory(const EstimateInput& in) {
 
   auto line = [&](const std::string& what, int64_t count, bool sharded, double b, int64_t bytes) {
     std::ostringstream o;
-    o << what << ": " << count << " params x " << num(b) << " B" << (sharded ? " (sharded over dp " : "")
+    o << what << ": " << count << " params x " << exact_text(b) << " B" << (sharded ? " (sharded over dp " : "")
       << (sharded ? std::to_string(D) + ")" : "") << " = " << bytes << " B";
     return o.str();
   };
@@ -187,7 +182,7 @@ MemoryEstimate estimate_memory(const EstimateInput& in) {
   e.formulas.push_back(line("moments", Ts, shard_state && D > 1, r.moment_bytes, e.moments));
   if (e.gathered_unit > 0)
     e.formulas.push_back("gathered unit: " + std::to_string(x.largest_unit_params) + " params x " +
-                         num(r.weight_bytes + (lora ? 0 : r.grad_bytes)) + " B (unsharded weights" +
+                         exact_text(r.weight_bytes + (lora ? 0 : r.grad_bytes)) + " B (unsharded weights" +
                          (lora ? "" : " + grads") + " of the largest unit) = " + std::to_string(e.gathered_unit) +
                          " B");
   else if (shard_weights && D > 1)
@@ -205,9 +200,9 @@ std::string estimate_text(const MemoryEstimate& e) {
   const int64_t T = x.trainable < 0 ? x.params : x.trainable;
   o << "params " << sci(static_cast<double>(x.params)) << " (" << x.params << ")";
   if (T < x.params)
-    o << ", LoRA: trainable " << sci(static_cast<double>(T)) << " at " << num(x.recipe.per_param())
+    o << ", LoRA: trainable " << sci(static_cast<double>(T)) << " at " << exact_text(x.recipe.per_param())
       << " B/param, frozen base " << sci(static_cast<double>(x.params - T)) << " at "
-      << num(x.recipe.bytes.weight_bytes) << " B/param (weights only)";
+      << exact_text(x.recipe.bytes.weight_bytes) << " B/param (weights only)";
   o << "\n";
   o << "strategy " << sharding_name(x.strategy) << ", world " << x.world << " (dp " << e.dp << ", tp " << x.tp
     << ", pp " << x.pp << "); this rank's model part: " << e.rank_params << " params, " << e.rank_trainable

@@ -330,13 +330,21 @@ LaunchResult launch_local(const LaunchRequest& req) {
   const auto deadline = start + req.timeout;
   int failed_rank = -1;
   double failed_at = 0;
+  constexpr double seconds_since_marker = -1;  // failed_at while this poll's candidates are compared
   for (;;) {
+    // NOTE [blame] Of the ranks found ended in one poll, blame the one whose end is a cause,
+    // not a symptom: killed by a signal (other than SIGPIPE) before an error exit, and either
+    // before SIGPIPE (a write to a dead peer's socket). Reaping order is slot order, so without
+    // this a healthy rank 0 that died of its peer's death would be blamed.
+    auto cause = [](const RankExit& e) { return !e.exited && e.signal != SIGPIPE ? 2 : e.exited ? 1 : 0; };
     for (int r : g.poll()) {
-      if (failed_rank < 0 && failed(g.exits[r])) {
+      if (!failed(g.exits[r])) continue;
+      if (failed_rank < 0 || (failed_at == seconds_since_marker && cause(g.exits[r]) > cause(g.exits[failed_rank]))) {
         failed_rank = r;
-        failed_at = seconds_since(start);
+        failed_at = seconds_since_marker;
       }
     }
+    if (failed_rank >= 0 && failed_at == seconds_since_marker) failed_at = seconds_since(start);
     if (failed_rank >= 0 || g.running().empty()) break;
     if (Clock::now() >= deadline) {
       res.timed_out = true;

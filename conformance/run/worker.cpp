@@ -66,6 +66,9 @@ int worker_main(const WorkerArgs& args) {
     auto [r, world] = rank_and_world_from_env();
     rank = r;
     torch::set_num_threads(1);
+    // A write to a dead peer's socket is an error to report, not a death by SIGPIPE that the
+    // launcher would blame on this (healthy) rank (NOTE [blame] in the launcher).
+    ::signal(SIGPIPE, SIG_IGN);
     install_tracking_allocator();  // before any tensor, so every storage is counted
     const Spec spec = load_spec(args.run_dir + "/spec.json");
     // Built-in ranks consume plan.json as any stack does (backends/PROTOCOL.md), never a

@@ -5,6 +5,15 @@
 
 namespace gradcert {
 
+int dtype_bytes(DType d) {
+  switch (d) {
+    case DType::Float64: return 8;
+    case DType::Float32: return 4;
+    case DType::BFloat16: return 2;
+  }
+  return 8;
+}
+
 std::string dtype_name(DType d) {
   switch (d) {
     case DType::Float64: return "float64";

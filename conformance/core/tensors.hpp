@@ -15,6 +15,8 @@ enum class DType { Float64, Float32, BFloat16 };
 std::string dtype_name(DType d);
 /// Parses "float64" | "float32" | "bfloat16"; throws std::invalid_argument naming the value.
 DType parse_dtype(const std::string& name);
+/// Bytes per element: 8 | 4 | 2.
+int dtype_bytes(DType d);
 /// safetensors spelling: "F64" | "F32" | "BF16".
 std::string safetensors_dtype(DType d);
 

@@ -30,15 +30,6 @@ Recipe make_recipe(std::string name, double w, std::string wl, double g, std::st
   return r;
 }
 
-int dtype_bytes(DType d) {
-  switch (d) {
-    case DType::Float64: return 8;
-    case DType::Float32: return 4;
-    case DType::BFloat16: return 2;
-  }
-  return 8;
-}
-
 std::string short_dtype(DType d) {
   switch (d) {
     case DType::Float64: return "fp64";

@@ -23,15 +23,6 @@ using json = nlohmann::json;
 
 constexpr uint64_t kMaxHeaderBytes = 100ull * 1024 * 1024;
 
-size_t element_size(DType d) {
-  switch (d) {
-    case DType::Float64: return 8;
-    case DType::Float32: return 4;
-    case DType::BFloat16: return 2;
-  }
-  return 8;
-}
-
 bool parse_safetensors_dtype(const std::string& s, DType& out) {
   if (s == "F64") { out = DType::Float64; return true; }
   if (s == "F32") { out = DType::Float32; return true; }
@@ -237,7 +228,7 @@ TensorMap parse_safetensors(const std::string& label, const std::string& bytes,
     const json& shape = value["shape"];
     if (!shape.is_array()) throw fail_tensor(name, "\"shape\" is not an array");
     const int64_t max_numel =
-        std::numeric_limits<int64_t>::max() / static_cast<int64_t>(element_size(e.dtype));
+        std::numeric_limits<int64_t>::max() / static_cast<int64_t>(dtype_bytes(e.dtype));
     e.numel = 1;
     for (const json& d : shape) {
       int64_t dim;
@@ -261,7 +252,7 @@ TensorMap parse_safetensors(const std::string& label, const std::string& bytes,
       throw fail_tensor(name, "data_offsets end " + std::to_string(e.end) +
                                   " lies beyond the data section of " + std::to_string(data_len) +
                                   " bytes (file truncated?)");
-    const int64_t want = e.numel * static_cast<int64_t>(element_size(e.dtype));
+    const int64_t want = e.numel * static_cast<int64_t>(dtype_bytes(e.dtype));
     if (e.end - e.begin != want)
       throw fail_tensor(name, "data_offsets span " + std::to_string(e.end - e.begin) +
                                   " bytes but shape " + shape_text(e.shape) + " of " +
@@ -320,7 +311,7 @@ TensorMap parse_safetensors(const std::string& label, const std::string& bytes,
     t.shape = e.shape;
     t.dtype = e.dtype;
     t.values.reserve(static_cast<size_t>(e.numel));
-    const size_t step = element_size(e.dtype);
+    const size_t step = static_cast<size_t>(dtype_bytes(e.dtype));
     const char* p = data + e.begin;
     for (int64_t i = 0; i < e.numel; ++i, p += step) t.values.push_back(decode_value(p, e.dtype));
     out.emplace(e.name, std::move(t));

@@ -28,21 +28,6 @@ using namespace gradcert;
 
 namespace {
 
-MemoryEstimate est(int64_t params, const std::string& recipe, Sharding s, int world, int tp = 1, int pp = 1,
-                   int64_t layer = -1, int64_t unit = 0, int64_t trainable = -1) {
-  EstimateInput in;
-  in.params = params;
-  in.trainable = trainable;
-  in.recipe = recipe_by_name(recipe);
-  in.strategy = s;
-  in.world = world;
-  in.tp = tp;
-  in.pp = pp;
-  in.layer_params = layer;
-  in.largest_unit_params = unit;
-  return estimate_memory(in);
-}
-
 std::string run_cli(const std::string& line, int& code) {
   CLI::App app{"test"};
   code = -1;
@@ -111,7 +96,10 @@ const PhasePeak& phase_of(const std::vector<PhasePeak>& peaks, const std::string
 // ---- the lower bound ----------------------------------------------------------------------
 
 TEST(MemoryEstimate, SeedExampleIsTheGolden) {
-  const auto e = est(600000000, "mixed-adam", Sharding::Single, 1);
+  EstimateInput in;
+  in.params = 600000000;
+  in.recipe = recipe_by_name("mixed-adam");
+  const auto e = estimate_memory(in);
   EXPECT_EQ(e.model_state(), 9600000000);
   EXPECT_EQ(e.total(), 9600000000);
   EXPECT_NEAR(gib(static_cast<double>(e.model_state())), 8.94, 0.005);

@@ -183,8 +183,15 @@ std::string report_json(const Report& r) {
       };
       json all = json::array();
       for (const auto& c : run.diagnosis.candidates) all.push_back(cand(c));
-      j["diagnosis"] = {{"matched", run.diagnosis.matched}, {"best", cand(run.diagnosis.best)}, {"runner_up", cand(run.diagnosis.runner_up)},
+      j["diagnosis"] = {{"matched", run.diagnosis.matched}, {"separated", run.diagnosis.separated}, {"best", cand(run.diagnosis.best)}, {"runner_up", cand(run.diagnosis.runner_up)},
                         {"candidates", all}, {"note", run.diagnosis.note}};
+      if (!run.diagnosis.per_update.empty()) {
+        json per = json::array();
+        for (const auto& c : run.diagnosis.per_update)
+          per.push_back({{"update", c.worst_update}, {"best", c.id}, {"figure", json_number(c.figure)}});
+        j["diagnosis"]["per_update"] = per;
+        j["diagnosis"]["teacher_forced"] = run.diagnosis.teacher_forced;
+      }
     }
     runs.push_back(j);
   }

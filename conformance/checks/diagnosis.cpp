@@ -25,6 +25,13 @@ int64_t rows(const UpdatePieces& w) {
   return n;
 }
 
+int64_t rank_rows(const UpdatePieces& w, int dp_rank) {
+  int64_t n = 0;
+  for (const auto& p : w.meta)
+    if (p.dp_rank == dp_rank) n += p.rows_with_targets;
+  return n;
+}
+
 }  // namespace
 
 // NOTE [objective candidates] A data-parallel stack that averages gradients over D ranks and
@@ -52,6 +59,12 @@ const std::vector<ObjectiveCandidate>& objective_candidates() {
        [](const PieceMeta&, const UpdatePieces& w, int, int) { return inv(double(w.valid_targets + rows(w))); }},
       {"drop-partial-window", "the partial final window dropped (no gradient)",
        [](const PieceMeta&, const UpdatePieces& w, int, int) { return w.partial ? 0.0 : inv(double(w.valid_targets)); }},
+      {"micro-sum", "each microbatch's token mean, summed over the microsteps (the division by A missing)",
+       [](const PieceMeta& p, const UpdatePieces&, int dp, int) { return inv(double(p.valid_targets)) / dp; }},
+      {"local-unshifted-mean", "each rank's own token mean with N counted on unshifted labels, averaged over ranks",
+       [](const PieceMeta& p, const UpdatePieces& w, int dp, int) {
+         return inv(double(rank_targets(w, p.dp_rank) + rank_rows(w, p.dp_rank))) / dp;
+       }},
       {"sum-over-ranks", "gradients summed over ranks instead of averaged (x D)",
        [](const PieceMeta&, const UpdatePieces& w, int dp, int) { return dp * inv(double(w.valid_targets)); }},
       {"divided-by-d-twice", "divided by D twice (loss scaling and a reduce-op average both applied)",
@@ -78,8 +91,9 @@ bool same_start(const std::vector<ReferenceUpdate>& ref, const std::vector<Backe
 }
 
 Diagnosis diagnose(const std::vector<UpdatePieces>& pieces, const std::vector<ReferenceUpdate>& reference,
-                   const std::vector<BackendUpdate>& run, int dp, int accum, double tolerance) {
+                   const std::vector<BackendUpdate>& run, int dp, int accum, double tolerance, bool teacher_forced) {
   Diagnosis d;
+  d.teacher_forced = teacher_forced;
   if (pieces.empty()) {
     d.note = "no reference pieces (the C++ reference computes none; run with --model for a diagnosis)";
     return d;
@@ -90,7 +104,7 @@ Diagnosis diagnose(const std::vector<UpdatePieces>& pieces, const std::vector<Re
   std::string judged;
   for (const auto& w : pieces) {
     if (w.update < 0 || static_cast<size_t>(w.update) >= run.size()) continue;
-    if (!same_start(reference, run, w.update, tolerance)) continue;
+    if (!teacher_forced && !same_start(reference, run, w.update, tolerance)) continue;
     judged += (judged.empty() ? "" : ", ") + std::to_string(w.update);
     const auto& g = run[w.update].grads;
     // ||g - g_c||^2 per candidate and ||g_global||^2, element by element over every tensor.
@@ -117,11 +131,15 @@ Diagnosis diagnose(const std::vector<UpdatePieces>& pieces, const std::vector<Re
       }
     }
     const double rn = std::sqrt(static_cast<double>(ref2));
+    size_t here = 0;
+    double here_fig = std::numeric_limits<double>::infinity();
     for (size_t c = 0; c < cands.size(); ++c) {
       const double dn = std::sqrt(static_cast<double>(diff2[c]));
       const double fig = rn > 0 ? dn / rn : dn;
       if (!(fig <= worst[c])) worst[c] = fig, worst_update[c] = w.update;
+      if (fig < here_fig) here_fig = fig, here = c;
     }
+    d.per_update.push_back({cands[here].id, cands[here].description, here_fig, w.update});
   }
   size_t best = 0, second = cands.size() > 1 ? 1 : 0;
   for (size_t c = 0; c < cands.size(); ++c) {
@@ -135,10 +153,27 @@ Diagnosis diagnose(const std::vector<UpdatePieces>& pieces, const std::vector<Re
   d.runner_up = d.candidates[second];
   const bool matched = d.best.figure <= tolerance;
   d.matched = matched;
-  d.note = (matched ? "matches " : "matches no candidate within " + figure_text(tolerance) + "; closest ") + d.best.id +
+  // NOTE [separated diagnosis] A stack whose objective is right but computed partly in lower
+  // precision (HF's ForCausalLMLoss upcasts logits to float32 inside a float64 model) misses
+  // every candidate by its own rounding (~1e-8), while the wrong candidates miss by the size
+  // of a normalisation error (>= ~1e-3 on gradcert's plans). A best candidate at least 1000x
+  // closer than the runner-up is named as what the stack computed ("separated"), with its
+  // figure; the gradient checks still judge the rounding against the dtype's tolerance.
+  d.separated = !matched && d.best.figure * 1000 <= d.runner_up.figure;
+  d.note = (matched ? "matches "
+            : d.separated ? "matches (beyond its own rounding) "
+                          : "matches no candidate within " + figure_text(tolerance) + "; closest ") + d.best.id +
            " (" + d.best.description + ") at " + figure_text(d.best.figure) +
            "; runner-up " + d.runner_up.id + " at " + figure_text(d.runner_up.figure) +
-           " (judged on updates " + judged + ": those the stack started from the reference's parameters)";
+           (teacher_forced ? " (judged on updates " + judged + ", each from the stack's own parameters)"
+                           : " (judged on updates " + judged + ": those the stack started from the reference's parameters)");
+  // Where the updates disagree (e.g. a partial final window handled otherwise), say so.
+  bool mixed = false;
+  for (const auto& u : d.per_update) mixed = mixed || u.id != d.per_update.front().id;
+  if (mixed) {
+    d.note += "; per update:";
+    for (const auto& u : d.per_update) d.note += " " + std::to_string(u.worst_update) + " " + u.id + " " + figure_text(u.figure);
+  }
   return d;
 }
 

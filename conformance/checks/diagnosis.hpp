@@ -27,7 +27,10 @@ const std::vector<ObjectiveCandidate>& objective_candidates();
 /// `tolerance`): the pieces are gradients at the reference's parameters, so only there is a
 /// candidate's gradient the one the stack would compute. The best and the runner-up are
 /// named. `ran` is false (with `note` saying why) when there are no pieces.
+/// `teacher_forced`: the pieces of update u are at the stack's own parameters after u-1
+/// (reference.py --pieces-at), so every update is judged.
 Diagnosis diagnose(const std::vector<UpdatePieces>& pieces, const std::vector<ReferenceUpdate>& reference,
-                   const std::vector<BackendUpdate>& run, int dp, int accum, double tolerance);
+                   const std::vector<BackendUpdate>& run, int dp, int accum, double tolerance,
+                   bool teacher_forced = false);
 
 }  // namespace gradcert

@@ -64,8 +64,16 @@ struct DiagnosisCandidate {
 struct Diagnosis {
   bool ran = false;
   bool matched = false;  ///< the best candidate is within the run's parity tolerance
+  /// Not matched, but the best candidate is >= 1000x closer than the runner-up: the stack
+  /// computes that objective with its own rounding on top (e.g. a float32 loss inside a
+  /// float64 model). NOTE [separated diagnosis] in conformance/checks/diagnosis.cpp.
+  bool separated = false;
   DiagnosisCandidate best, runner_up;
   std::vector<DiagnosisCandidate> candidates;
+  /// Per judged update, the candidate its gradient is closest to (worst_update = the update):
+  /// e.g. the full windows global-mean and the partial one drop-partial-window.
+  std::vector<DiagnosisCandidate> per_update;
+  bool teacher_forced = false;  ///< pieces at the stack's own parameters (every update judged)
   std::string note;  ///< one line: "matches local-mean (...) at 3e-16; runner-up ...", or why none ran
 };
 

@@ -124,8 +124,11 @@ std::vector<ManifestEntry> parse_manifest_json(const std::string& text, const st
     ManifestEntry& e = out[u];
     e.scalars.update = static_cast<int>(f.integer("update"));
     if (e.scalars.update != static_cast<int>(u)) f.fail("update index " + std::to_string(e.scalars.update));
-    e.scalars.loss = f.number("loss");
-    e.scalars.valid_targets = f.integer("valid_targets", 0, INT64_MAX);
+    // null: the stack exposes no such figure (NOTE [stack figures]); absent stays an error.
+    e.scalars.has_loss = !(ups[u].contains("loss") && ups[u].at("loss").is_null());
+    if (e.scalars.has_loss) e.scalars.loss = f.number("loss");
+    e.scalars.has_valid_targets = !(ups[u].contains("valid_targets") && ups[u].at("valid_targets").is_null());
+    if (e.scalars.has_valid_targets) e.scalars.valid_targets = f.integer("valid_targets", 0, INT64_MAX);
     e.scalars.step_seconds = f.number("step_seconds");
     for (auto [key, target] : {std::pair{"grads", &e.grads}, {"params", &e.params}}) {
       *target = f.string(key);
@@ -192,6 +195,8 @@ std::vector<BackendUpdate> read_run(const std::string& dir, const Plan& plan, in
     bu.update = entries[u].scalars.update;
     bu.loss = entries[u].scalars.loss;
     bu.valid_targets = entries[u].scalars.valid_targets;
+    bu.has_loss = entries[u].scalars.has_loss;
+    bu.has_valid_targets = entries[u].scalars.has_valid_targets;
     bu.step_seconds = entries[u].scalars.step_seconds;
     bu.grads = read_safetensors(dir + "/" + entries[u].grads, expect);
     bu.params_after = read_safetensors(dir + "/" + entries[u].params, expect);

@@ -24,6 +24,9 @@ struct BackendUpdate {
   int update = 0;
   double loss = 0;
   int64_t valid_targets = 0;  ///< the N the backend used
+  /// false where the manifest says null: the stack exposes no such figure (NOTE [stack figures]
+  /// in backends/python/stacks/common.py); the loss / N checks skip that update.
+  bool has_loss = true, has_valid_targets = true;
   std::vector<RankRecord> ranks;
   TensorMap grads;
   TensorMap params_after;
@@ -62,6 +65,7 @@ struct ManifestUpdate {
   double loss = 0;
   int64_t valid_targets = 0;
   double step_seconds = 0;
+  bool has_loss = true, has_valid_targets = true;  ///< false: null in manifest.json (not exposed)
 };
 /// Writes <dir>/manifest.json (rank 0, after the last update), carrying the run's nonce.
 void write_manifest(const std::string& dir, const std::string& backend, int world,

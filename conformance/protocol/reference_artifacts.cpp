@@ -40,6 +40,8 @@ ReferenceRun read_reference_run(const std::string& dir, const Plan& plan, const 
   std::map<std::string, TensorExpectation> expect;
   for (const auto& [name, t] : expected) expect[name] = {t.shape, DType::Float64};
   ReferenceRun out;
+  if (m.contains("reference") && m["reference"].is_object())
+    out.pieces_at_stack = m["reference"].value("pieces_at", std::string()) == "stack";
   if (m.contains("precision") && m["precision"].is_object()) {
     const json& p = m["precision"];
     out.float64_throughout = p.value("float64_throughout", true);

@@ -33,6 +33,9 @@ struct ReferenceRun {
   std::vector<UpdatePieces> pieces;   ///< empty when the runner wrote none
   bool float64_throughout = true;     ///< the manifest's precision record
   std::string precision_note;         ///< what ran in lower precision, when not
+  /// The pieces are at the stack's parameters after the previous update (reference.py
+  /// --pieces-at; NOTE [pieces at the stack's parameters]), not at the reference's own.
+  bool pieces_at_stack = false;
 };
 
 /// Reads <dir>/manifest.json and the tensors it names strictly (names and shapes from

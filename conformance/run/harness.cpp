@@ -268,12 +268,16 @@ RunReport run_backend(const RunRequest& req) {
       std::vector<ReferenceUpdate> reference;
       if (needs_python_reference(spec)) {
         const std::string ref_dir = req.run_dir + "/reference";
+        // The pieces are taken at the stack's own parameters (NOTE [pieces at the stack's
+        // parameters]): the diagnosis then judges every update, diverged or not.
         run_python_tool(spec, "reference", "--run-dir '" + req.run_dir + "' --out '" + ref_dir + "'" +
-                                               (req.sampler_audit ? " --ids-from-ranks" : ""),
+                                               (req.sampler_audit ? " --ids-from-ranks" : "") + " --pieces-at '" +
+                                               req.run_dir + "'",
                         req.run_dir, "reference-log");
         ReferenceRun ref = read_reference_run(ref_dir, plan, shapes);
         reference = std::move(ref.updates);
-        report.diagnosis = diagnose(ref.pieces, reference, artifacts, plan.dp, plan.accum, spec.parity_tolerance());
+        report.diagnosis = diagnose(ref.pieces, reference, artifacts, plan.dp, plan.accum, spec.parity_tolerance(),
+                                    ref.pieces_at_stack);
         if (!ref.float64_throughout)
           report.diagnosis.note += "; NOTE: the model computes in lower precision inside although cast to float64 (" +
                                    ref.precision_note + ")";

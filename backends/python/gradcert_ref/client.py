@@ -405,8 +405,12 @@ class ArtifactWriter:
 
     def record(self, update, consumed, loss_sum_r, targets_r, loss, N, step_seconds, grads, params, extra=None):
         # Written as given: gradcert refuses 3.0 or True where an id or a count belongs.
-        self.rank_updates.append({"update": update, "consumed": consumed, "loss_sum": loss_sum_r,
-                                  "valid_targets": targets_r})
+        # targets_r None: no per-rank count (the key is left out); loss / N None: the stack
+        # exposes no such figure (JSON null: gradcert skips the check for that update).
+        rec = {"update": update, "consumed": consumed, "loss_sum": loss_sum_r}
+        if targets_r is not None:
+            rec["valid_targets"] = targets_r
+        self.rank_updates.append(rec)
         gname, pname = f"u{update}.grads.safetensors", f"u{update}.params.safetensors"
         if self.rank == 0:
             write_tensors(os.path.join(self.out, gname), grads, self.dtype, update)

@@ -212,8 +212,15 @@ def _grads(model) -> dict:
 
 
 def run_reference(run_dir: str, factory: str | None = None, out: str | None = None, init: str | None = None,
-                  pieces: bool = True, ids_from_ranks: bool = False, log=None) -> dict:
-    """Writes the reference artifacts into `out` (default run_dir/reference); returns the manifest."""
+                  pieces: bool = True, ids_from_ranks: bool = False, log=None, pieces_at: str | None = None) -> dict:
+    """Writes the reference artifacts into `out` (default run_dir/reference); returns the manifest.
+
+    NOTE [pieces at the stack's parameters] `pieces_at` = a folder with the stack's artifacts
+    (its manifest.json and u<k>.params.safetensors): the pieces of update u are then the
+    gradients at the *stack's* parameters after update u-1 (update 0: the initial weights),
+    teacher forcing: whatever the stack did to earlier updates, the diagnosis of update u
+    judges the gradient it computed from where it stood. Without it the pieces are at the
+    reference's own parameters, valid only while the stack has not diverged."""
     run = client.Run.from_dir(run_dir)
     plan, data = run.plan, run.dataset
     out = out or os.path.join(run_dir, "reference")
@@ -234,6 +241,19 @@ def run_reference(run_dir: str, factory: str | None = None, out: str | None = No
     if precision.get("float64_throughout") is False and log:
         log(f"gradcert reference: WARNING: model factory '{fname}' computes below float64 "
             f"(see manifest precision): {precision['lower_precision_modules'][:3]} {precision['lower_precision_ops'][:3]}")
+
+    pmodel = None
+    if pieces and pieces_at:
+        pmodel = factory_mod.build(factory, int(plan.model_spec["vocab"]), int(plan.model_spec["max_len"]),
+                                   spec=plan.model_spec, search_dirs=[run_dir])
+        client.load_weights(pmodel, init or run.init_path, F64)
+        pmodel.train()
+        stack_manifest = os.path.join(pieces_at, "manifest.json")
+        try:
+            with open(stack_manifest) as f:
+                stack_updates = json.load(f)["updates"]
+        except (OSError, ValueError, KeyError) as e:
+            raise client.ProtocolError(f"{stack_manifest}: cannot be read for --pieces-at: {e}") from e
 
     opt = plan.optimizer
     max_norm = plan.max_grad_norm
@@ -256,22 +276,36 @@ def run_reference(run_dir: str, factory: str | None = None, out: str | None = No
                  "grads": f"u{u}.grads.safetensors", "params": f"u{u}.params.safetensors"}
         if pieces:
             ptensors, pmeta = {}, []
+            at = model
+            if pmodel is not None:
+                at = pmodel
+                if u > 0:  # the stack's parameters after update u-1
+                    path = os.path.join(pieces_at, stack_updates[u - 1]["params"])
+                    try:
+                        stack_params = load_file(path)
+                    except Exception as e:
+                        raise client.ProtocolError(f"{path}: cannot be read for --pieces-at: {e}") from e
+                    with torch.no_grad():
+                        for n, q in pmodel.named_parameters():
+                            if n not in stack_params:
+                                raise client.ProtocolError(f"{path}: no tensor '{n}'")
+                            q.copy_(stack_params[n].to(F64))
             for r, per_rank in enumerate(slots):
                 for a, mb in enumerate(per_rank):
-                    model.zero_grad(set_to_none=True)
+                    at.zero_grad(set_to_none=True)
                     b = data.collate(mb)
                     S = 0.0
                     if b is not None:
-                        s = loss_sum(model, b, data.ignore_index, fname, vocab)
+                        s = loss_sum(at, b, data.ignore_index, fname, vocab)
                         s.backward()
                         S = float(s.detach())
-                    for n, g in _grads(model).items():
+                    for n, g in _grads(at).items():
                         ptensors[f"r{r}.a{a}.{n}"] = g
                     n_ra = b.valid_targets if b is not None else 0
                     rows = data.rows_with_targets(mb)
                     pmeta.append({"dp_rank": r, "micro": a, "ids": list(mb), "loss_sum": S, "valid_targets": n_ra,
                                   "rows_with_targets": rows, "unshifted_targets": n_ra + rows})
-            model.zero_grad(set_to_none=True)
+            at.zero_grad(set_to_none=True)
             client.write_tensors(os.path.join(out, f"u{u}.pieces.safetensors"), ptensors, F64, u)
             client.write_json(os.path.join(out, f"u{u}.pieces.json"),
                               {"schema": "gradcert.pieces/1", "update": u, "dp": plan.dp, "accum": plan.accum,
@@ -294,7 +328,8 @@ def run_reference(run_dir: str, factory: str | None = None, out: str | None = No
         notes="float64 reference, one process, one concatenated batch per window; loss = sum of token "
               "cross-entropies over valid targets / N (gradcert's, not the model's)",
         reference={"factory": fname, "dtype": "float64", "ids": "rank files" if ids_from_ranks else "plan",
-                   "dp": plan.dp, "accum": plan.accum, "max_grad_norm": max_norm, "pieces": pieces},
+                   "dp": plan.dp, "accum": plan.accum, "max_grad_norm": max_norm, "pieces": pieces,
+                   "pieces_at": "stack" if pmodel is not None else "reference"},
         precision=precision)
     client.write_json(os.path.join(out, "manifest.json"), manifest)
     return manifest
@@ -310,6 +345,9 @@ def main(argv=None):
     ap.add_argument("--no-pieces", action="store_true", help="skip the per-(rank, microstep) piece gradients")
     ap.add_argument("--ids-from-ranks", nargs="?", const=True, default=False, metavar="DIR",
                     help="ids from the rank<g>.json a stack wrote (in DIR, default RUN_DIR): sampler audit")
+    ap.add_argument("--pieces-at", default=None, metavar="DIR",
+                    help="compute each update's pieces at the stack's parameters after the previous update "
+                         "(its u<k>.params.safetensors in DIR; teacher forcing for the diagnosis)")
     ap.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "1") or 1),
                     help="torch intra-op threads (default: $OMP_NUM_THREADS, else 1: gradcert's models are tiny, "
                          "and more threads than free cores slow float64 CPU kernels down by orders of magnitude)")
@@ -318,7 +356,7 @@ def main(argv=None):
     torch.use_deterministic_algorithms(True, warn_only=True)
     try:
         m = run_reference(a.run_dir, a.factory, a.out, a.init, not a.no_pieces, a.ids_from_ranks,
-                          log=lambda s: print(s, file=sys.stderr))
+                          log=lambda s: print(s, file=sys.stderr), pieces_at=a.pieces_at)
     except (client.ProtocolError, factory_mod.FactoryError, OSError, ValueError) as e:
         print(f"gradcert reference: {e}", file=sys.stderr)
         return 2

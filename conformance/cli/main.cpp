@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   std::vector<Verb> verbs = {add_run_verb(app, o), add_plan_verb(app, o), add_certify_verb(app, o),
                              add_audit_verb(app, o)};
   for (auto& v : add_info_verbs(app)) verbs.push_back(std::move(v));
+  verbs.push_back(add_findings_verb(app));
   verbs.push_back(add_worker_verb(app));
   int estimate_exit = 0;
   auto* estimate_cmd = add_estimate_command(app, estimate_exit);

@@ -50,6 +50,8 @@ Verb add_certify_verb(CLI::App& app, CommonOptions& o);
 Verb add_audit_verb(CLI::App& app, CommonOptions& o);
 /// `gradcert spec` and `gradcert backends`.
 std::vector<Verb> add_info_verbs(CLI::App& app);
+/// `gradcert findings DIR`: scripts/certify-stacks' findings report and golden comparison.
+Verb add_findings_verb(CLI::App& app);
 /// The hidden `gradcert worker` (one rank process).
 Verb add_worker_verb(CLI::App& app);
 

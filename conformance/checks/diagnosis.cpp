@@ -159,7 +159,12 @@ Diagnosis diagnose(const std::vector<UpdatePieces>& pieces, const std::vector<Re
   // of a normalisation error (>= ~1e-3 on gradcert's plans). A best candidate at least 1000x
   // closer than the runner-up is named as what the stack computed ("separated"), with its
   // figure; the gradient checks still judge the rounding against the dtype's tolerance.
-  d.separated = !matched && d.best.figure * 1000 <= d.runner_up.figure;
+  // Candidates that coincide with the best on this plan (the same figure up to rounding, e.g.
+  // partial-nominal-accum without a partial window) are the same objective here, not rivals.
+  double rival = std::numeric_limits<double>::infinity();
+  for (const auto& c : d.candidates)
+    if (c.figure > d.best.figure * (1 + 1e-6) + 1e-300) rival = std::min(rival, c.figure);
+  d.separated = !matched && d.best.figure * 1000 <= rival;
   d.note = (matched ? "matches "
             : d.separated ? "matches (beyond its own rounding) "
                           : "matches no candidate within " + figure_text(tolerance) + "; closest ") + d.best.id +

@@ -315,6 +315,35 @@ class ReferenceTest(unittest.TestCase):
               f"max rel L2 {max(figures):.3g}")
         self.assertTrue(m["precision"]["float64_throughout"])
 
+    def test_pieces_at_the_stacks_parameters(self):
+        """--pieces-at: the pieces of update u are at the stack's parameters after u-1. A stack
+        that stood where the reference stood gives the reference's own pieces; one whose
+        parameters differ gives other pieces (update 0: always the initial weights)."""
+        d = python_inputs(os.path.join(_TMP, "py_plan_at"), 2, model_factory=GRU)
+        own = os.path.join(d, "own")
+        reference.run_reference(d, out=own)
+        same = reference.run_reference(d, out=os.path.join(d, "same"), pieces_at=own)
+        self.assertEqual(same["reference"]["pieces_at"], "stack")
+        moved = os.path.join(d, "moved")
+        os.makedirs(moved)
+        with open(os.path.join(own, "manifest.json")) as f:
+            m = json.load(f)
+        for e in m["updates"]:
+            p = load_file(os.path.join(own, e["params"]))
+            client.write_tensors(os.path.join(moved, e["params"]), {k: v * 1.01 for k, v in p.items()}, torch.float64)
+        client.write_json(os.path.join(moved, "manifest.json"), m)
+        reference.run_reference(d, out=os.path.join(d, "at_moved"), pieces_at=moved)
+        for u in range(len(m["updates"])):
+            a = load_file(os.path.join(own, f"u{u}.pieces.safetensors"))
+            b = load_file(os.path.join(d, "same", f"u{u}.pieces.safetensors"))
+            c = load_file(os.path.join(d, "at_moved", f"u{u}.pieces.safetensors"))
+            self.assertEqual(max(rel_l2(a[k], b[k]) for k in a), 0.0, u)
+            moved_by = max(rel_l2(a[k], c[k]) for k in a if a[k].abs().sum() > 0)
+            if u == 0:
+                self.assertEqual(moved_by, 0.0)
+            else:
+                self.assertGreater(moved_by, 1e-4, u)
+
     def test_pieces_sum_to_the_gradient_on_the_python_plan(self):
         d = python_inputs(os.path.join(_TMP, "py_plan_w2"), 2, model_factory=GRU)
         m = reference.run_reference(d)

@@ -93,6 +93,25 @@ void judge(Finding& f, const json& report) {
     f.diagnosis_note = d.value("note", "");
     for (const auto& u : d.value("per_update", json::array()))
       f.per_update.push_back({u.value("update", -1), u.value("best", "")});
+    // NOTE [composed diagnosis] A stack can be wrong twice: one objective on the full windows
+    // and another thing in the partial one (DeepSpeed: micro-mean, then the partial window
+    // dropped). No single candidate matches every update then, but each update matches one:
+    // the full windows' common objective is the diagnosis, the partial window its own column.
+    if (f.diagnosis == "unexplained") {
+      double tol = 0;
+      for (const auto& c : run.value("checks", json::array()))
+        if (c.value("id", "") == "grad.parity") tol = number(c.value("tolerance", json(0)));
+      std::string common;
+      bool agree = true;
+      for (const auto& u : d.value("per_update", json::array())) {
+        const int upd = u.value("update", -1);
+        if (std::find(partial.begin(), partial.end(), upd) != partial.end()) continue;
+        const std::string b = u.value("best", "");
+        agree = agree && number(u.value("figure", json(1))) <= tol && (common.empty() || common == b);
+        common = b;
+      }
+      if (agree && !common.empty()) f.diagnosis = common + " (full windows)";
+    }
   }
   // The N count: unshifted when the objective counted one extra target per row.
   const std::string best = f.diagnosis;

@@ -1,12 +1,13 @@
 #include "conformance/core/files.hpp"
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
-#include <sstream>
 
 #include "conformance/core/tensors.hpp"
 
@@ -32,12 +33,65 @@ void write_file_atomic(const std::string& path, const std::string& text) {
   }
 }
 
-std::string read_text_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw ArtifactError(path + ": cannot be read (missing?)");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+namespace {
+
+const char* file_kind(mode_t mode) {
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISDIR(mode)) return "a folder";
+  return "not a plain file";
 }
+
+}  // namespace
+
+// NOTE [artifact files] A run folder is written by a stack gradcert does not trust, so every
+// file read back from it is opened without following a symbolic link (O_NOFOLLOW: a link to
+// /dev/zero or to a file outside the run folder is refused, never read) and without blocking
+// (O_NONBLOCK: a FIFO would wait for a writer forever, after the run's timeout no longer
+// applies), must then be a regular file (fstat), and is read only up to the reader's cap: the
+// bytes the plan implies for a tensor file, kMaxTextFileBytes for JSON. The manifest names
+// plain files (no '/', no ".."), so every read stays inside the run folder. A refused file
+// is named with what it is, never with its bytes.
+std::string read_regular_file(const std::string& path, uint64_t max_bytes) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    const int err = errno;
+    if (err == ENOENT) throw ArtifactError(path + ": cannot be read (missing?)");
+    if (err == ELOOP)
+      throw ArtifactError(path + ": is a symbolic link (gradcert reads only regular files inside the run folder)");
+    throw ArtifactError(path + ": cannot be opened: " + std::strerror(err));
+  }
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) throw ArtifactError(path + ": cannot stat: " + std::strerror(errno));
+  if (!S_ISREG(st.st_mode)) throw ArtifactError(path + ": not a regular file (" + file_kind(st.st_mode) + ")");
+  const auto size = static_cast<uint64_t>(st.st_size);
+  const auto too_big = [&](uint64_t n) {
+    return ArtifactError(path + ": is " + std::to_string(n) + " bytes, more than the " + std::to_string(max_bytes) +
+                         " bytes gradcert reads for it");
+  };
+  if (size > max_bytes) throw too_big(size);
+  std::string out;
+  out.reserve(static_cast<size_t>(size));
+  char buf[64 << 10];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw ArtifactError(path + ": cannot be read: " + std::strerror(errno));
+    }
+    if (n == 0) break;
+    if (out.size() + static_cast<uint64_t>(n) > max_bytes) throw too_big(out.size() + static_cast<uint64_t>(n));
+    out.append(buf, static_cast<size_t>(n));
+  }
+  return out;
+}
+
+std::string read_text_file(const std::string& path) { return read_regular_file(path, kMaxTextFileBytes); }
 
 }  // namespace gradcert

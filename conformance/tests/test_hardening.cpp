@@ -1,10 +1,14 @@
 // Hardening of run folders, report folders, the command line and the run nonce, end to end
 // (the torch-free parts: conformance/tests/unit/test_strict_inputs.cpp, test_hardening.cpp).
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -12,6 +16,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "conformance/core/plan.hpp"
 #include "conformance/protocol/run_folder.hpp"
@@ -195,3 +201,24 @@ TEST(HardeningCli, DeepSpecIsAnErrorNotACrash) {
     EXPECT_LT(c.out.size(), 2000u);
   }
 }
+
+// (8) A FIFO grads file hung gradcert after the command had exited (the run timeout no longer
+// applied); a link to /dev/zero read gigabytes; a link outside the run folder was read and 8
+// of its bytes echoed into the report (as a header length). Each now fails the run at once,
+// naming the file and what it is.
+TEST(ConformanceHardeningArtifacts, SpecialFilesAndLinksFailTheRunNamingTheFile) {
+  const std::string root = test::fresh_dir("gradcert_artifact_files", "runs");
+  for (const auto& [mode, what] : std::vector<std::pair<std::string, std::string>>{
+           {"fifo-grads", "not a regular file (a FIFO)"},
+           {"zero-link", "is a symbolic link (gradcert reads only regular files inside the run folder)"},
+           {"outside-link", "is a symbolic link (gradcert reads only regular files inside the run folder)"}}) {
+    const std::string dir = root + "/" + mode + "/run";
+    const auto t0 = std::chrono::steady_clock::now();
+    const RunReport r = run_backend(fake_request(mode, dir));
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 30.0) << mode;
+    EXPECT_EQ(r.error, "bad artifacts: " + dir + "/u0.grads.safetensors: " + what) << mode;
+    EXPECT_TRUE(r.checks.empty()) << mode;
+    EXPECT_EQ(r.error.find("PASSWORD"), std::string::npos) << r.error;
+  }
+}
+

@@ -7,24 +7,41 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 
 #include "conformance/core/tensors.hpp"
 
 namespace gradcert {
 
+// NOTE [write errors] Every file gradcert writes (reports, run inputs, rank artifacts) goes
+// through write_file, with POSIX calls rather than a stream, so a failure says why in
+// strerror's words with the path: "...: cannot write: No space left on device" on a full
+// disk, never a bare "cannot write". close(2) is checked too (a delayed write error).
+void write_file(const std::string& path, const std::string& text) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw ArtifactError(path + ": cannot open for writing: " + std::strerror(errno));
+  const char* p = text.data();
+  size_t left = text.size();
+  while (left > 0) {
+    const ssize_t n = ::write(fd, p, left);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = n < 0 ? errno : EIO;
+      ::close(fd);
+      throw ArtifactError(path + ": cannot write: " + std::strerror(err));
+    }
+    p += n;
+    left -= static_cast<size_t>(n);
+  }
+  if (::close(fd) != 0) throw ArtifactError(path + ": cannot write: " + std::strerror(errno));
+}
+
 void write_file_atomic(const std::string& path, const std::string& text) {
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw ArtifactError(path + ": cannot open temporary file '" + tmp + "' for writing");
-    out.write(text.data(), static_cast<std::streamsize>(text.size()));
-    out.flush();
-    if (!out) {
-      out.close();
-      std::remove(tmp.c_str());
-      throw ArtifactError(path + ": cannot write temporary file '" + tmp + "'");
-    }
+  try {
+    write_file(tmp, text);
+  } catch (const ArtifactError&) {
+    std::remove(tmp.c_str());
+    throw;  // names the temporary file, which names the path
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     std::string why = std::strerror(errno);

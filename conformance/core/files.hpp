@@ -8,7 +8,12 @@ namespace gradcert {
 /// The most bytes read_text_file reads (64 MiB): gradcert's JSON files are far smaller.
 constexpr uint64_t kMaxTextFileBytes = 64ull << 20;
 
-/// Writes `text` to `path` atomically (temporary file in the same folder, then rename).
+/// Writes `text` to `path` in place; throws ArtifactError naming the path and the cause
+/// ("No space left on device", NOTE [write errors]).
+void write_file(const std::string& path, const std::string& text);
+
+/// Writes `text` to `path` atomically (temporary file `path`.tmp.<pid> in the same folder,
+/// then rename); errors as write_file's, naming the temporary file.
 void write_file_atomic(const std::string& path, const std::string& text);
 
 /// Reads a whole regular file of at most `max_bytes` (NOTE [artifact files]): a symbolic

@@ -246,3 +246,21 @@ TEST(ArtifactFiles, ReadsAreCappedByTheSizeThePlanImplies) {
   EXPECT_EQ(read_error(path), "(no error)");
 }
 
+// (12) A full disk gave "cannot write temporary file" with no cause; every write (reports,
+// run inputs, artifacts) now says why, with the path.
+TEST(WriteErrors, NameThePathAndTheCause) {
+  try {
+    write_file("/dev/full", "report");
+    FAIL() << "no error writing /dev/full";
+  } catch (const ArtifactError& e) {
+    EXPECT_EQ(std::string(e.what()), "/dev/full: cannot write: No space left on device");
+  }
+  const std::string missing = test::temp_dir("gradcert_unit_write_errors", "dir") + "/gone/report.json";
+  try {
+    write_file_atomic(missing, "report");
+    FAIL() << "no error writing into a missing folder";
+  } catch (const ArtifactError& e) {
+    EXPECT_EQ(std::string(e.what()), missing + ".tmp." + std::to_string(::getpid()) +
+                                         ": cannot open for writing: No such file or directory");
+  }
+}

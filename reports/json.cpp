@@ -168,6 +168,7 @@ std::string report_json(const Report& r) {
               {"run_dir", run.run_dir},
               {"wall_seconds", run.wall_seconds}};
     if (!run.error.empty()) j["error"] = run.error;
+    if (run.interrupted) j["interrupted"] = true;
     if (!run.tensor_errors.empty()) {
       json t = json::array();
       for (const auto& f : run.tensor_errors)
@@ -209,6 +210,7 @@ std::string report_json(const Report& r) {
               {"memory", memory_json(memory_runs(r))},
               {"throughput", throughput_json(throughput_runs(r))},
               {"verdict", r.passed() ? "pass" : "fail"}};
+  if (r.interrupted) out["interrupted"] = true;  // a partial report (NOTE [interrupt])
   return out.dump(2) + "\n";
 }
 

@@ -17,6 +17,7 @@ Verb add_certify_verb(CLI::App& app, CommonOptions& o) {
   cmd->add_option("--out", o.out, "report folder (default: reports/out/<timestamp>)");
   cmd->add_flag("--mutants,!--no-mutants", *mutants, "also run the planted-bug matrix (default: on)");
   return {cmd, [&o, mutants] {
+            install_interrupt_handlers();  // Ctrl-C / SIGTERM: stop the ranks, write the report (exit 130 / 143)
             CertifyOptions opts;
             opts.spec = spec_from(o.spec_path);
             opts.launcher = launcher_from(o.launcher);

@@ -51,6 +51,7 @@ Verb add_run_verb(CLI::App& app, CommonOptions& o) {
   run->add_flag("--sampler-audit", r->sampler_audit,
                 "with --backend external: the stack samples on its own; gradcert audits the ids it reports");
   return {run, [&o, r] {
+            install_interrupt_handlers();  // Ctrl-C / SIGTERM: stop the ranks, write the report (exit 130 / 143)
             RunRequest req;
             req.spec = spec_with_overrides(o);
             if (!r->model.empty()) req.spec.model.factory = absolute_factory(r->model);

@@ -1,29 +1,47 @@
 #include "conformance/core/files.hpp"
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 
 #include "conformance/core/tensors.hpp"
 
 namespace gradcert {
 
+// NOTE [write errors] Every file gradcert writes (reports, run inputs, rank artifacts) goes
+// through write_file, with POSIX calls rather than a stream, so a failure says why in
+// strerror's words with the path: "...: cannot write: No space left on device" on a full
+// disk, never a bare "cannot write". close(2) is checked too (a delayed write error).
+void write_file(const std::string& path, const std::string& text) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw ArtifactError(path + ": cannot open for writing: " + std::strerror(errno));
+  const char* p = text.data();
+  size_t left = text.size();
+  while (left > 0) {
+    const ssize_t n = ::write(fd, p, left);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = n < 0 ? errno : EIO;
+      ::close(fd);
+      throw ArtifactError(path + ": cannot write: " + std::strerror(err));
+    }
+    p += n;
+    left -= static_cast<size_t>(n);
+  }
+  if (::close(fd) != 0) throw ArtifactError(path + ": cannot write: " + std::strerror(errno));
+}
+
 void write_file_atomic(const std::string& path, const std::string& text) {
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw ArtifactError(path + ": cannot open temporary file '" + tmp + "' for writing");
-    out.write(text.data(), static_cast<std::streamsize>(text.size()));
-    out.flush();
-    if (!out) {
-      out.close();
-      std::remove(tmp.c_str());
-      throw ArtifactError(path + ": cannot write temporary file '" + tmp + "'");
-    }
+  try {
+    write_file(tmp, text);
+  } catch (const ArtifactError&) {
+    std::remove(tmp.c_str());
+    throw;  // names the temporary file, which names the path
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     std::string why = std::strerror(errno);
@@ -32,12 +50,65 @@ void write_file_atomic(const std::string& path, const std::string& text) {
   }
 }
 
-std::string read_text_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw ArtifactError(path + ": cannot be read (missing?)");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+namespace {
+
+const char* file_kind(mode_t mode) {
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISDIR(mode)) return "a folder";
+  return "not a plain file";
 }
+
+}  // namespace
+
+// NOTE [artifact files] A run folder is written by a stack gradcert does not trust, so every
+// file read back from it is opened without following a symbolic link (O_NOFOLLOW: a link to
+// /dev/zero or to a file outside the run folder is refused, never read) and without blocking
+// (O_NONBLOCK: a FIFO would wait for a writer forever, after the run's timeout no longer
+// applies), must then be a regular file (fstat), and is read only up to the reader's cap: the
+// bytes the plan implies for a tensor file, kMaxTextFileBytes for JSON. The manifest names
+// plain files (no '/', no ".."), so every read stays inside the run folder. A refused file
+// is named with what it is, never with its bytes.
+std::string read_regular_file(const std::string& path, uint64_t max_bytes) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    const int err = errno;
+    if (err == ENOENT) throw ArtifactError(path + ": cannot be read (missing?)");
+    if (err == ELOOP)
+      throw ArtifactError(path + ": is a symbolic link (gradcert reads only regular files inside the run folder)");
+    throw ArtifactError(path + ": cannot be opened: " + std::strerror(err));
+  }
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) throw ArtifactError(path + ": cannot stat: " + std::strerror(errno));
+  if (!S_ISREG(st.st_mode)) throw ArtifactError(path + ": not a regular file (" + file_kind(st.st_mode) + ")");
+  const auto size = static_cast<uint64_t>(st.st_size);
+  const auto too_big = [&](uint64_t n) {
+    return ArtifactError(path + ": is " + std::to_string(n) + " bytes, more than the " + std::to_string(max_bytes) +
+                         " bytes gradcert reads for it");
+  };
+  if (size > max_bytes) throw too_big(size);
+  std::string out;
+  out.reserve(static_cast<size_t>(size));
+  char buf[64 << 10];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw ArtifactError(path + ": cannot be read: " + std::strerror(errno));
+    }
+    if (n == 0) break;
+    if (out.size() + static_cast<uint64_t>(n) > max_bytes) throw too_big(out.size() + static_cast<uint64_t>(n));
+    out.append(buf, static_cast<size_t>(n));
+  }
+  return out;
+}
+
+std::string read_text_file(const std::string& path) { return read_regular_file(path, kMaxTextFileBytes); }
 
 }  // namespace gradcert

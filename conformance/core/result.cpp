@@ -26,7 +26,7 @@ std::vector<std::string> RunReport::detected_by() const {
 }
 
 bool Report::passed() const {
-  if (runs.empty()) return false;
+  if (runs.empty() || interrupted) return false;
   for (const auto& r : runs) {
     if (r.inject.empty() && !r.passed()) return false;
     if (!r.inject.empty() && (!r.error.empty() || r.detected_by().empty())) return false;

@@ -88,6 +88,7 @@ struct RunReport {
   int64_t update_batch = 0;
   std::vector<CheckResult> checks;
   std::string error;      ///< set when the run itself failed (names the rank)
+  int interrupted = 0;    ///< SIGINT / SIGTERM stopped this run (NOTE [interrupt] in the launcher); 0 otherwise
   std::string run_dir;
   double wall_seconds = 0;
   /// Built-in backends: the estimate, measured model state and phase peaks (memory.* checks).
@@ -113,6 +114,7 @@ struct Report {
   Environment environment;
   std::string spec_json;
   std::vector<RunReport> runs;
+  int interrupted = 0;  ///< gradcert was interrupted by this signal (SIGINT / SIGTERM); 0 otherwise
 
   /// Every correct run passed and every mutant run was detected.
   bool passed() const;

@@ -120,7 +120,10 @@ std::optional<JsonProblem> parse_json_strict(const std::string& text, json& out,
     return JsonProblem{JsonProblem::Kind::NumberRange, path_of(frames), "",
                        std::string("number out of range (") + e.what() + ")"};
   } catch (const json::exception& e) {
-    return JsonProblem{JsonProblem::Kind::Syntax, "", "", std::string("not valid JSON: ") + e.what()};
+    // nlohmann quotes the last token it read: an unterminated string could echo a whole file.
+    std::string why = e.what();
+    if (why.size() > 200) why = why.substr(0, 200) + "...";
+    return JsonProblem{JsonProblem::Kind::Syntax, "", "", "not valid JSON: " + why};
   }
   return std::nullopt;
 }

@@ -3,7 +3,9 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <dirent.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -12,12 +14,16 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 #include <system_error>
@@ -33,6 +39,14 @@ using Clock = std::chrono::steady_clock;
 
 constexpr auto kPollInterval = std::chrono::milliseconds(10);
 constexpr auto kTermGrace = std::chrono::seconds(2);
+
+// NOTE [interrupt] SIGINT / SIGTERM to gradcert only record the signal here (the handler does
+// nothing else, so it is async-signal-safe); every launcher loop sees it within one poll,
+// stops its ranks as on a timeout and returns with LaunchResult::interrupted set, and the
+// command writes a report marked interrupted and exits 128 + the signal (130 / 143).
+std::atomic<int> g_interrupt{0};
+
+extern "C" void record_interrupt(int sig) { g_interrupt.store(sig); }
 
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
@@ -64,6 +78,11 @@ std::string signal_name(int sig) {
     case SIGXCPU: return "SIGXCPU";
     case SIGXFSZ: return "SIGXFSZ";
     case SIGSYS: return "SIGSYS";
+    case SIGSTOP: return "SIGSTOP";
+    case SIGTSTP: return "SIGTSTP";
+    case SIGTTIN: return "SIGTTIN";
+    case SIGTTOU: return "SIGTTOU";
+    case SIGCONT: return "SIGCONT";
     default: break;
   }
   const char* desc = strsignal(sig);
@@ -165,6 +184,143 @@ int open_log(const std::string& path) {
   return fd;
 }
 
+// Returns 0 or the errno of the failed write.
+int write_bytes(int fd, const char* p, size_t n) {
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, n);
+    if (w <= 0) {
+      if (w < 0 && errno == EINTR) continue;
+      return w < 0 ? errno : EIO;
+    }
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return 0;
+}
+
+// NOTE [log cap] A rank's stdout and stderr reach its log through a pipe the launcher drains
+// (every poll waits on the pipes, so a chatty rank is not slowed): the first kLogHead bytes are
+// written as they come, after that only the last kLogTail bytes are kept, and when the rank's
+// output ends the log gets "[... N bytes cut ...]" and that tail. A stack that prints 1.5 GB
+// leaves a log of about 2 MiB with its start (the configuration) and its end (the error).
+// The last 64 KiB are also kept in memory: when the log cannot be written (a full disk), the
+// failure message quotes them, so a rank's "No space left on device" is not lost with it.
+constexpr size_t kLogHead = 1 << 20, kLogTail = 1 << 20, kLogRecent = 64 << 10;
+
+struct CappedLog {
+  std::string path;
+  int in = -1;    // the pipe's read end (-1 once the output ended)
+  int file = -1;  // the log file
+  uint64_t total = 0;
+  std::string tail;    // output after the head: the last kLogTail..2 kLogTail bytes
+  std::string recent;  // the last kLogRecent..2 kLogRecent bytes of all output
+  int write_error = 0;  // errno of the first failed write to the log file
+
+  void write(const char* p, size_t n) {
+    if (const int err = write_bytes(file, p, n); err && !write_error) write_error = err;
+  }
+
+  void take(const char* p, size_t n) {
+    recent.append(p, n);
+    if (recent.size() > 2 * kLogRecent) recent.erase(0, recent.size() - kLogRecent);
+    if (total < kLogHead) {
+      const size_t head = std::min<uint64_t>(n, kLogHead - total);
+      write(p, head);
+      total += head;
+      p += head;
+      n -= head;
+    }
+    total += n;
+    tail.append(p, n);
+    if (tail.size() > 2 * kLogTail) tail.erase(0, tail.size() - kLogTail);
+  }
+
+  // Reads what the pipe holds now (at most `budget` bytes); closes it at end of output.
+  void drain(size_t budget) {
+    char buf[64 << 10];
+    while (in >= 0 && budget > 0) {
+      const ssize_t n = ::read(in, buf, std::min(sizeof buf, budget));
+      if (n > 0) {
+        take(buf, static_cast<size_t>(n));
+        budget -= static_cast<size_t>(n);
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && errno == EAGAIN) return;
+      ::close(in);  // end of output (or an error reading it)
+      in = -1;
+    }
+  }
+
+  void finish() {
+    drain(SIZE_MAX);
+    if (in >= 0) ::close(in), in = -1;
+    if (file < 0) return;
+    const uint64_t after_head = total > kLogHead ? total - kLogHead : 0;
+    const size_t kept = static_cast<size_t>(std::min<uint64_t>(after_head, kLogTail));
+    if (after_head > kept) {
+      const std::string marker = "\n[... " + std::to_string(after_head - kept) + " bytes cut ...]\n";
+      write(marker.data(), marker.size());
+    }
+    write(tail.data() + tail.size() - kept, kept);
+    tail.clear();
+    ::close(file);
+    file = -1;
+  }
+};
+
+// The logs of one launch: each rank's pipe, drained while the launcher waits.
+struct Logs {
+  std::vector<CappedLog> logs;
+
+  ~Logs() {
+    for (auto& l : logs) l.finish();
+  }
+
+  // Opens `path` and a pipe for it; returns the pipe's write end (for the child).
+  int add(const std::string& path) {
+    CappedLog l;
+    l.path = path;
+    l.file = open_log(path);
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC) != 0) {
+      const int err = errno;
+      ::close(l.file);
+      throw std::runtime_error("cannot make a pipe for log " + path + ": " + std::strerror(err));
+    }
+    ::fcntl(fds[0], F_SETFL, ::fcntl(fds[0], F_GETFL) | O_NONBLOCK);
+    l.in = fds[0];
+    logs.push_back(std::move(l));
+    return fds[1];
+  }
+
+  // Waits up to `timeout` for output on any pipe and takes what came.
+  void wait(std::chrono::milliseconds timeout) {
+    std::vector<pollfd> fds;
+    std::vector<CappedLog*> of;
+    for (auto& l : logs)
+      if (l.in >= 0) fds.push_back({l.in, POLLIN, 0}), of.push_back(&l);
+    if (fds.empty()) {
+      std::this_thread::sleep_for(timeout);
+      return;
+    }
+    if (::poll(fds.data(), fds.size(), static_cast<int>(timeout.count())) <= 0) return;
+    for (size_t i = 0; i < fds.size(); ++i)
+      if (fds[i].revents) of[i]->drain(4 << 20);
+  }
+
+  void finish() {
+    for (auto& l : logs) l.finish();
+  }
+
+  // The log written for `path`, or nullptr.
+  const CappedLog* find(const std::string& path) const {
+    for (const auto& l : logs)
+      if (l.path == path) return &l;
+    return nullptr;
+  }
+};
+
 void record_status(RankExit& r, int status) {
   if (WIFEXITED(status)) {
     r.exited = true;
@@ -183,8 +339,25 @@ struct Group {
   std::vector<pid_t> pids;      // index = rank (slot); -1 once reaped
   std::vector<RankExit> exits;
   pid_t pgid = -1;
+  Logs* logs = nullptr;         // drained while waiting
+  Clock::time_point start = Clock::now();
+  std::vector<double> stopped_at;  // seconds when seen stopped (SIGSTOP, ...), -1 while running
+  std::vector<int> stop_signal;
 
-  // Reaps whatever has ended; returns the slots reaped, in slot order.
+  void resize(size_t n) {
+    pids.assign(n, -1);
+    exits.resize(n);
+    stopped_at.assign(n, -1);
+    stop_signal.assign(n, 0);
+  }
+
+  void wait(std::chrono::milliseconds d) {
+    if (logs) logs->wait(d);
+    else std::this_thread::sleep_for(d);
+  }
+
+  // Reaps whatever has ended, and notes ranks stopped or continued; returns the slots
+  // reaped, in slot order.
   std::vector<int> poll() {
     std::vector<int> reaped;
     for (size_t i = 0; i < pids.size(); ++i) {
@@ -192,9 +365,17 @@ struct Group {
       int status = 0;
       pid_t r;
       do {
-        r = ::waitpid(pids[i], &status, WNOHANG);
+        r = ::waitpid(pids[i], &status, WNOHANG | WUNTRACED | WCONTINUED);
       } while (r < 0 && errno == EINTR);
       if (r == 0) continue;
+      if (r > 0 && WIFSTOPPED(status)) {
+        if (stopped_at[i] < 0) stopped_at[i] = seconds_since(start), stop_signal[i] = WSTOPSIG(status);
+        continue;
+      }
+      if (r > 0 && WIFCONTINUED(status)) {
+        stopped_at[i] = -1;
+        continue;
+      }
       if (r < 0) {
         // Reaped by someone else (ECHILD): the outcome is unknown; count it as failed.
         exits[i].exited = true;
@@ -203,6 +384,7 @@ struct Group {
         record_status(exits[i], status);
       }
       pids[i] = -1;
+      stopped_at[i] = -1;
       reaped.push_back(static_cast<int>(i));
     }
     return reaped;
@@ -219,15 +401,20 @@ struct Group {
     if (pgid > 1) ::kill(-pgid, sig);
   }
 
-  // SIGTERM, up to 2 s grace, SIGKILL, reap all. Returns the slots that were stopped.
+  // SIGTERM (and SIGCONT, so a stopped rank gets it), up to 2 s grace, SIGKILL, reap all.
+  // Returns the slots that were stopped.
   std::vector<int> stop() {
     std::vector<int> stopped = running();
     for (int i : stopped) exits[i].killed_by_launcher = true;
-    if (stopped.empty()) return stopped;
+    if (stopped.empty()) {
+      signal_group(SIGKILL);  // leftover processes of the group (a stack's background child)
+      return stopped;
+    }
     signal_group(SIGTERM);
+    signal_group(SIGCONT);
     auto grace_end = Clock::now() + kTermGrace;
     while (!running().empty() && Clock::now() < grace_end) {
-      std::this_thread::sleep_for(kPollInterval);
+      wait(kPollInterval);
       poll();
     }
     signal_group(SIGKILL);  // also takes down leftover grandchildren in the group
@@ -250,13 +437,84 @@ struct Group {
   }
 };
 
+// The pids of every process below this one (children, theirs, ...), from /proc.
+std::vector<pid_t> descendants() {
+  std::map<pid_t, std::vector<pid_t>> children;
+  if (DIR* d = ::opendir("/proc")) {
+    while (const dirent* e = ::readdir(d)) {
+      const pid_t pid = static_cast<pid_t>(std::atoi(e->d_name));
+      if (pid <= 0) continue;
+      std::ifstream in("/proc/" + std::string(e->d_name) + "/stat");
+      std::string stat;
+      std::getline(in, stat);
+      const size_t paren = stat.rfind(')');  // the command name may hold spaces and parentheses
+      if (paren == std::string::npos) continue;
+      std::istringstream rest(stat.substr(paren + 1));
+      std::string state;
+      pid_t ppid = 0;
+      if (rest >> state >> ppid && state != "Z") children[ppid].push_back(pid);  // a zombie is only reaped
+    }
+    ::closedir(d);
+  }
+  std::vector<pid_t> out, todo = {::getpid()};
+  while (!todo.empty()) {
+    const pid_t p = todo.back();
+    todo.pop_back();
+    for (pid_t c : children[p]) out.push_back(c), todo.push_back(c);
+  }
+  return out;
+}
+
+// NOTE [orphans] A stack may start processes that leave its process group (setsid, a daemon)
+// or outlive the command (`sleep 1000 &`). gradcert is a child subreaper (launch() sets
+// PR_SET_CHILD_SUBREAPER), so such orphans become its children instead of init's; when a
+// launch ends (however it ends), every process still below gradcert is killed (SIGKILL) and
+// reaped. Launches run one at a time, so all of them are the launch's. Returns how many.
+int kill_descendants() {
+  std::set<pid_t> killed;
+  const auto give_up = Clock::now() + kTermGrace;
+  for (;;) {
+    const std::vector<pid_t> below = descendants();
+    for (pid_t p : below)
+      if (killed.insert(p).second) ::kill(p, SIGKILL);
+    // Reap this process's children: the killed, and the orphans that came up to it.
+    while (::waitpid(-1, nullptr, WNOHANG) > 0) {
+    }
+    if (below.empty() || Clock::now() >= give_up) break;
+    std::this_thread::sleep_for(kPollInterval);
+  }
+  return static_cast<int>(killed.size());
+}
+
 std::string how_it_ended(const RankExit& r, double secs) {
   if (r.exited) return "exited with code " + std::to_string(r.code) + " after " + fmt_seconds(secs);
   return "was killed by signal " + std::to_string(r.signal) + " (" + signal_name(r.signal) +
          ") after " + fmt_seconds(secs);
 }
 
-std::string tail_section(const std::string& label, const std::string& path) {
+// The last `max_lines` lines of `data`.
+std::string last_lines(const std::string& data, int max_lines) {
+  if (data.empty() || max_lines <= 0) return "";
+  size_t end = data.size();
+  if (data[end - 1] == '\n') --end;  // a final newline does not start a line
+  int lines = 0;
+  size_t pos = end;
+  while (pos > 0) {
+    if (data[pos - 1] == '\n' && ++lines == max_lines) break;
+    --pos;
+  }
+  return data.substr(pos);
+}
+
+// The log's last lines for a failure message; from memory when the log could not be written.
+std::string tail_section(const std::string& label, const std::string& path, const Logs& logs) {
+  const CappedLog* l = logs.find(path);
+  if (l && l->write_error) {
+    std::string tail = last_lines(l->recent, 20);
+    if (!tail.empty() && tail.back() == '\n') tail.pop_back();
+    return "\n--- " + label + " output (its log " + path + " could not be written: " + std::strerror(l->write_error) +
+           ") ---\n" + tail;
+  }
   std::string tail = file_tail(path, 20);
   if (tail.empty()) return "\n--- " + label + " log tail (empty) ---";
   if (tail.back() == '\n') tail.pop_back();
@@ -273,6 +531,29 @@ void validate(const LaunchRequest& req) {
   if (ec) throw std::runtime_error("launch: cannot create log_dir " + req.log_dir + ": " + ec.message());
 }
 
+// "; 2 more processes it started were killed" (NOTE [orphans]), or "".
+std::string leftovers_text(int n) {
+  if (n <= 0) return "";
+  return "; " + std::to_string(n) + (n == 1 ? " more process" : " more processes") + " it started killed";
+}
+
+// Stops everything on SIGINT / SIGTERM (NOTE [interrupt]); `who` names what was stopped
+// ("" for the group's ranks).
+LaunchResult interrupted_result(Group& g, Logs& logs, const std::string& who) {
+  LaunchResult res;
+  res.interrupted = g_interrupt.load();
+  const double secs = seconds_since(g.start);
+  std::vector<int> stopped = g.stop();
+  const int leftovers = kill_descendants();
+  logs.finish();
+  res.ranks = g.exits;
+  res.message = "interrupted by " + signal_name(res.interrupted) + " after " + fmt_seconds(secs);
+  if (!stopped.empty())
+    res.message += "; " + (who.empty() ? join_ranks(stopped) : who) + " still running (stopped by the launcher)";
+  res.message += leftovers_text(leftovers);
+  return res;
+}
+
 LaunchResult launch_local(const LaunchRequest& req) {
   const int world = req.world;
   std::vector<std::pair<std::string, std::string>> base;
@@ -285,7 +566,8 @@ LaunchResult launch_local(const LaunchRequest& req) {
   std::vector<std::vector<std::string>> envs(world);
   std::vector<std::vector<char*>> envs_c(world);
   std::vector<std::string> logs(world);
-  std::vector<int> fds(world, -1);
+  std::vector<int> fds(world, -1);  // the write ends of the log pipes (NOTE [log cap])
+  Logs capped;
   auto close_fds = [&] {
     for (int& fd : fds)
       if (fd >= 0) ::close(fd), fd = -1;
@@ -297,7 +579,7 @@ LaunchResult launch_local(const LaunchRequest& req) {
       envs[r] = req.rank_env ? build_env(overrides) : build_env(overrides, {"GRADCERT_RANK", "GRADCERT_WORLD"});
       envs_c[r] = c_array(envs[r]);
       logs[r] = req.log_dir + "/rank" + std::to_string(r) + ".log";
-      fds[r] = open_log(logs[r]);
+      fds[r] = capped.add(logs[r]);
     }
   } catch (...) {
     close_fds();
@@ -305,12 +587,12 @@ LaunchResult launch_local(const LaunchRequest& req) {
   }
 
   Group g;
-  g.pids.assign(world, -1);
-  g.exits.resize(world);
+  g.resize(world);
+  g.logs = &capped;
   for (int r = 0; r < world; ++r) g.exits[r].rank = r;
 
   LaunchResult res;
-  const auto start = Clock::now();
+  const auto start = g.start;
   const pid_t self = ::getpid();
   for (int r = 0; r < world; ++r) {
     pid_t pid = spawn(argv_c.data(), envs_c[r].data(), fds[r], r == 0 ? 0 : g.pgid, self);
@@ -318,6 +600,8 @@ LaunchResult launch_local(const LaunchRequest& req) {
       int err = errno;
       close_fds();
       g.stop();
+      kill_descendants();
+      capped.finish();
       res.ranks = g.exits;
       res.message = "fork failed for rank " + std::to_string(r) + ": " + std::strerror(err);
       return res;
@@ -330,14 +614,17 @@ LaunchResult launch_local(const LaunchRequest& req) {
   const auto deadline = start + req.timeout;
   int failed_rank = -1;
   double failed_at = 0;
+  std::vector<double> left_at(world, -1);  // a rank that exited 0 while peers still ran
   constexpr double seconds_since_marker = -1;  // failed_at while this poll's candidates are compared
   for (;;) {
+    if (g_interrupt.load()) return interrupted_result(g, capped, "");
     // NOTE [blame] Of the ranks found ended in one poll, blame the one whose end is a cause,
     // not a symptom: killed by a signal (other than SIGPIPE) before an error exit, and either
     // before SIGPIPE (a write to a dead peer's socket). Reaping order is slot order, so without
     // this a healthy rank 0 that died of its peer's death would be blamed.
     auto cause = [](const RankExit& e) { return !e.exited && e.signal != SIGPIPE ? 2 : e.exited ? 1 : 0; };
-    for (int r : g.poll()) {
+    const std::vector<int> reaped = g.poll();
+    for (int r : reaped) {
       if (!failed(g.exits[r])) continue;
       if (failed_rank < 0 || (failed_at == seconds_since_marker && cause(g.exits[r]) > cause(g.exits[failed_rank]))) {
         failed_rank = r;
@@ -345,34 +632,65 @@ LaunchResult launch_local(const LaunchRequest& req) {
       }
     }
     if (failed_rank >= 0 && failed_at == seconds_since_marker) failed_at = seconds_since(start);
+    if (failed_rank < 0 && !g.running().empty())
+      for (int r : reaped) left_at[r] = seconds_since(start);
     if (failed_rank >= 0 || g.running().empty()) break;
     if (Clock::now() >= deadline) {
       res.timed_out = true;
       break;
     }
-    std::this_thread::sleep_for(kPollInterval);
+    g.wait(kPollInterval);
+  }
+
+  // (NOTE [blame], continued) What a peer's failure or the timeout followed is blamed before it:
+  // a rank still stopped (SIGSTOP: its peers wait in a collective until its timeout), then a
+  // rank that exited 0 while its peers still ran (it left them in a collective, and they fail
+  // with "Connection reset by peer"). Ranks leave together, not one by one: a built-in rank's
+  // last act is a barrier after every file is written (conformance/run/worker.cpp).
+  int cause_rank = -1;
+  std::string cause_text;
+  for (int r = 0; r < world; ++r)
+    if (g.stopped_at[r] >= 0 && (cause_rank < 0 || g.stopped_at[r] < g.stopped_at[cause_rank])) cause_rank = r;
+  if (cause_rank >= 0) {
+    cause_text = "rank " + std::to_string(cause_rank) + " was stopped (" + signal_name(g.stop_signal[cause_rank]) +
+                 ") after " + fmt_seconds(g.stopped_at[cause_rank]) + " and did not continue";
+  } else {
+    for (int r = 0; r < world; ++r)
+      if (left_at[r] >= 0 && (cause_rank < 0 || left_at[r] < left_at[cause_rank])) cause_rank = r;
+    if (cause_rank >= 0)
+      cause_text = "rank " + std::to_string(cause_rank) + " exited 0 after " + fmt_seconds(left_at[cause_rank]) +
+                   " before the run finished (its peers were still running)";
   }
 
   if (res.timed_out) {
     std::vector<int> stopped = g.stop();
+    const int leftovers = kill_descendants();
+    capped.finish();
     res.ranks = g.exits;
+    res.first_failed_rank = cause_rank;
     double limit = std::chrono::duration<double>(req.timeout).count();
-    res.message = "timeout after " + fmt_seconds(limit) + "; " + join_ranks(stopped) +
-                  " still running (stopped by the launcher)";
+    res.message = "timeout after " + fmt_seconds(limit) + "; ";
+    if (cause_rank >= 0) res.message += cause_text + "; ";
+    res.message += join_ranks(stopped) + " still running (stopped by the launcher)" + leftovers_text(leftovers);
     if (!stopped.empty())
-      res.message += tail_section("rank " + std::to_string(stopped[0]), logs[stopped[0]]);
+      res.message += tail_section("rank " + std::to_string(stopped[0]), logs[stopped[0]], capped);
     return res;
   }
   if (failed_rank >= 0) {
     std::vector<int> stopped = g.stop();
+    const int leftovers = kill_descendants();
+    capped.finish();
     res.ranks = g.exits;
-    res.first_failed_rank = failed_rank;
-    res.message = "rank " + std::to_string(failed_rank) + " " +
-                  how_it_ended(g.exits[failed_rank], failed_at);
+    res.first_failed_rank = cause_rank >= 0 ? cause_rank : failed_rank;
+    const std::string failure = "rank " + std::to_string(failed_rank) + " " + how_it_ended(g.exits[failed_rank], failed_at);
+    res.message = cause_rank >= 0 ? cause_text + "; then " + failure : failure;
     if (!stopped.empty()) res.message += "; " + join_ranks(stopped) + " still running (stopped by the launcher)";
-    res.message += tail_section("rank " + std::to_string(failed_rank), logs[failed_rank]);
+    res.message += leftovers_text(leftovers);
+    res.message += tail_section("rank " + std::to_string(failed_rank), logs[failed_rank], capped);
     return res;
   }
+  kill_descendants();
+  capped.finish();
   res.ranks = g.exits;
   res.ok = true;
   res.message = "all " + std::to_string(world) + " ranks exited with code 0 after " +
@@ -395,16 +713,23 @@ int find_rank_after(const std::string& text, const std::string& prefix, char ter
   return -1;
 }
 
-// The failing rank named in an mpirun log, or -1.
+// The failing rank named in an mpirun log, or -1. mpirun's own report comes first: it names
+// the process it saw fail first ("mpirun noticed that process rank 1 with PID 4242 on node n
+// exited on signal 9 (Killed)."; "Process name: [[12345,1],1]" for an exit code), whereas
+// "gradcert rank 0: ... Connection reset by peer" may be the healthy peer's symptom, printed
+// before mpirun's report.
 int failed_rank_in_mpirun_log(const std::string& log, int world) {
-  int r = find_rank_after(log, "gradcert rank ", ':', world);
+  int r = find_rank_after(log, "noticed that process rank ", ' ', world);
   if (r >= 0) return r;
-  // mpirun's own report: "Process name: [[12345,1],1]".
   size_t pos = log.find("Process name: [[");
-  if (pos == std::string::npos) return -1;
-  size_t comma = log.find("],", pos);
-  if (comma == std::string::npos || comma - pos > 64) return -1;
-  return find_rank_after(log.substr(comma), "],", ']', world);
+  if (pos != std::string::npos) {
+    size_t comma = log.find("],", pos);
+    if (comma != std::string::npos && comma - pos <= 64) {
+      r = find_rank_after(log.substr(comma), "],", ']', world);
+      if (r >= 0) return r;
+    }
+  }
+  return find_rank_after(log, "gradcert rank ", ':', world);
 }
 
 std::string read_file(const std::string& path) {
@@ -437,15 +762,16 @@ LaunchResult launch_mpirun(const LaunchRequest& req) {
   std::vector<char*> env_c = c_array(env_s);
 
   const std::string log = req.log_dir + "/mpirun.log";
-  int fd = open_log(log);
+  Logs capped;
+  int fd = capped.add(log);
 
   Group g;
-  g.pids.assign(1, -1);
-  g.exits.resize(1);
+  g.resize(1);
+  g.logs = &capped;
   g.exits[0].rank = -1;
 
   LaunchResult res;
-  const auto start = Clock::now();
+  const auto start = g.start;
   pid_t pid = spawn(argv_c.data(), env_c.data(), fd, 0, ::getpid());
   int fork_err = errno;
   ::close(fd);
@@ -458,16 +784,24 @@ LaunchResult launch_mpirun(const LaunchRequest& req) {
 
   const auto deadline = start + req.timeout;
   for (;;) {
+    if (g_interrupt.load()) {
+      LaunchResult r = interrupted_result(g, capped, "mpirun and its ranks");
+      r.ranks.assign(world, g.exits[0]);
+      for (int i = 0; i < world; ++i) r.ranks[i].rank = i;
+      return r;
+    }
     g.poll();
     if (g.running().empty()) break;
     if (Clock::now() >= deadline) {
       res.timed_out = true;
       break;
     }
-    std::this_thread::sleep_for(kPollInterval);
+    g.wait(kPollInterval);
   }
   const double elapsed = seconds_since(start);
   if (res.timed_out) g.stop();
+  kill_descendants();
+  capped.finish();
 
   // mpirun reports no per-rank status: every rank carries mpirun's outcome.
   const RankExit& m = g.exits[0];
@@ -482,7 +816,7 @@ LaunchResult launch_mpirun(const LaunchRequest& req) {
     for (int r = 0; r < world; ++r) all.push_back(r);
     double limit = std::chrono::duration<double>(req.timeout).count();
     res.message = "timeout after " + fmt_seconds(limit) + "; " + join_ranks(all) +
-                  " still running under mpirun (stopped by the launcher)" + tail_section("mpirun", log);
+                  " still running under mpirun (stopped by the launcher)" + tail_section("mpirun", log, capped);
     return res;
   }
   if (m.exited && m.code == 0) {
@@ -500,7 +834,7 @@ LaunchResult launch_mpirun(const LaunchRequest& req) {
     res.message = "rank " + std::to_string(res.first_failed_rank) + " failed under mpirun (" + how + ")";
   else
     res.message = how;
-  res.message += tail_section("mpirun", log);
+  res.message += tail_section("mpirun", log, capped);
   return res;
 }
 
@@ -534,8 +868,22 @@ std::pair<int, int> rank_world_from(const char* rank_var, const char* world_var)
 
 LaunchResult launch(const LaunchRequest& request) {
   validate(request);
+  ::prctl(PR_SET_CHILD_SUBREAPER, 1);  // NOTE [orphans]
   return request.kind == LauncherKind::Mpirun ? launch_mpirun(request) : launch_local(request);
 }
+
+void install_interrupt_handlers() {
+  struct sigaction sa {};
+  sa.sa_handler = record_interrupt;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  ::sigaction(SIGINT, &sa, nullptr);
+  ::sigaction(SIGTERM, &sa, nullptr);
+}
+
+int interrupt_signal() { return g_interrupt.load(); }
+
+std::string signal_text(int sig) { return signal_name(sig); }
 
 int free_local_port() {
   int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -575,16 +923,7 @@ std::string file_tail(const std::string& path, int max_lines) {
   std::string data(static_cast<size_t>(size - from), '\0');
   in.read(data.data(), static_cast<std::streamsize>(data.size()));
   data.resize(static_cast<size_t>(in.gcount()));
-  if (data.empty()) return "";
-  size_t end = data.size();
-  if (data[end - 1] == '\n') --end;  // a final newline does not start a line
-  int lines = 0;
-  size_t pos = end;
-  while (pos > 0) {
-    if (data[pos - 1] == '\n' && ++lines == max_lines) break;
-    --pos;
-  }
-  return data.substr(pos);
+  return last_lines(data, max_lines);
 }
 
 std::pair<int, int> rank_and_world_from_env() {

@@ -44,7 +44,11 @@ struct RankExit {
 struct LaunchResult {
   bool ok = false;        ///< every rank exited 0 before the timeout
   bool timed_out = false;
-  int first_failed_rank = -1;  ///< the first rank seen to fail (-1: none or unknown)
+  /// SIGINT or SIGTERM when gradcert was interrupted and stopped the ranks (NOTE [interrupt]); 0 otherwise.
+  int interrupted = 0;
+  /// The rank blamed (NOTE [blame]): the first seen to fail, or the one whose stop or early
+  /// exit the failure followed (-1: none or unknown).
+  int first_failed_rank = -1;
   std::vector<RankExit> ranks;
   /// One line a user can act on, naming the rank(s): "rank 1 was killed by signal 9
   /// (SIGKILL) after 0.8 s; ranks 0 stopped by the launcher", or "timeout after 30 s;
@@ -52,9 +56,22 @@ struct LaunchResult {
   std::string message;
 };
 
-/// Starts the ranks, waits, kills the whole group on the first failure or on timeout,
-/// and reports. Never hangs past `timeout` (+ a short grace for killing).
+/// Starts the ranks, waits, kills the whole group on the first failure, on timeout or on
+/// SIGINT / SIGTERM (once install_interrupt_handlers ran), and reports. Never hangs past
+/// `timeout` (+ a short grace for killing). Makes this process a child subreaper and, when
+/// the launch ends, kills every process still below it (NOTE [orphans]). Each rank's
+/// stdout+stderr is capped to its first and last MiB (NOTE [log cap]).
 LaunchResult launch(const LaunchRequest& request);
+
+/// SIGINT / SIGTERM to this process are recorded instead of ending it: a launch in progress
+/// (or the next one) stops its ranks and returns `interrupted` (NOTE [interrupt]).
+void install_interrupt_handlers();
+
+/// The signal recorded by the handlers (SIGINT, SIGTERM), 0 when none arrived.
+int interrupt_signal();
+
+/// "SIGTERM", "SIGKILL", ... (strsignal's text for others).
+std::string signal_text(int sig);
 
 /// A TCP port on 127.0.0.1 that was free a moment ago (bind to port 0, read, close).
 int free_local_port();

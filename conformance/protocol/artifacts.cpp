@@ -5,6 +5,7 @@
 #include "conformance/protocol/safetensors.hpp"
 
 #include <cstdint>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -186,6 +187,10 @@ std::vector<BackendUpdate> read_run(const std::string& dir, const Plan& plan, in
                                     DType dtype, const std::string& nonce) {
   std::map<std::string, TensorExpectation> expect;
   for (const auto& [name, t] : expected) expect[name] = {t.shape, dtype};
+  // Reads stay inside the run folder (NOTE [artifact files]) only while it is one.
+  std::error_code ec;
+  if (!std::filesystem::is_directory(std::filesystem::symlink_status(dir, ec)))
+    throw ArtifactError(dir + ": the run folder is no longer a folder (replaced by a symbolic link?)");
 
   const std::string mpath = dir + "/manifest.json";
   const auto entries = parse_manifest_json(read_text_file(mpath), mpath, plan, world, nonce);

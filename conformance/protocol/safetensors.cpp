@@ -9,9 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <limits>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -321,12 +319,18 @@ TensorMap parse_safetensors(const std::string& label, const std::string& bytes,
 
 TensorMap read_safetensors(const std::string& path,
                            const std::map<std::string, TensorExpectation>& expect) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw ArtifactError(path + ": cannot open safetensors file");
-  std::ostringstream buf;
-  buf << in.rdbuf();
-  if (in.bad()) throw ArtifactError(path + ": cannot read safetensors file");
-  return parse_safetensors(path, buf.str(), expect);
+  // The cap (NOTE [artifact files]): the expected tensors' bytes, the length field and a
+  // header within the parser's limit; a file read without expectations is not capped.
+  uint64_t cap = std::numeric_limits<uint64_t>::max();
+  if (!expect.empty()) {
+    cap = 8 + kMaxHeaderBytes;
+    for (const auto& kv : expect) {
+      uint64_t bytes = dtype_bytes(kv.second.dtype);
+      for (int64_t d : kv.second.shape) bytes *= static_cast<uint64_t>(std::max<int64_t>(d, 0));
+      cap += bytes;
+    }
+  }
+  return parse_safetensors(path, read_regular_file(path, cap), expect);
 }
 
 }  // namespace gradcert

@@ -67,7 +67,7 @@ Report run_certify(const CertifyOptions& o, std::ostream& progress) {
   const auto requests = certify_matrix(o);
   int max_world = 1;
   double elapsed = 0;
-  for (size_t i = 0; i < requests.size(); ++i) {
+  for (size_t i = 0; i < requests.size() && !interrupt_signal(); ++i) {  // NOTE [interrupt]
     const auto& req = requests[i];
     RunReport r = run_backend(req);
     max_world = std::max(max_world, r.topology.world());

@@ -248,14 +248,19 @@ RunReport run_backend(const RunRequest& req) {
   launch_req.log_dir = req.run_dir;
   const LaunchResult launched = launch(launch_req);
 
+  report.interrupted = launched.interrupted;
   if (!launched.ok) {
     report.error = launched.message;
     if (external) {  // one launched process: the command, not a rank
       for (auto [from, to] : {std::pair<std::string, std::string>{"rank 0 ", "the external command "},
-                              {"--- rank 0 log tail ---", "--- external command output (tail) ---"}})
+                              {"--- rank 0 log tail ---", "--- external command output (tail) ---"},
+                              {"--- rank 0 output (its log", "--- external command output (its log"}})
         if (auto at = report.error.find(from); at != std::string::npos) report.error.replace(at, from.size(), to);
       report.error += stack_traceback(req.run_dir + "/rank0.log");
     }
+  } else if (const int sig = interrupt_signal()) {  // NOTE [interrupt]: between the launch and the checks
+    report.interrupted = sig;
+    report.error = "interrupted by " + signal_text(sig) + " before the artifacts were read";
   } else {
     try {
       const TensorMap shapes = spec.model.factory.empty()
@@ -310,6 +315,7 @@ RunReport run_backend(const RunRequest& req) {
       report.error = e.what();
     }
   }
+  if (!report.interrupted) report.interrupted = interrupt_signal();
   report.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return report;
 }

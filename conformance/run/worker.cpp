@@ -34,6 +34,8 @@ void maybe_fault(int rank, int update) {
   std::cerr << "gradcert rank " << rank << ": GRADCERT_FAULT " << f << " fired" << std::endl;
   if (k == "kill") ::raise(SIGKILL);
   if (k == "exit") std::_Exit(3);
+  if (k == "leave") std::_Exit(0);  // leaves its peers in the next collective
+  if (k == "stop") ::raise(SIGSTOP);
   if (k == "hang")
     for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
 }

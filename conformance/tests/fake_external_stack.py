@@ -18,6 +18,9 @@ fail the run naming the file (and the tensor):
   other-nonce     rank1.json carries another run's nonce
   float-ids       rank0.json reports its first sample id as a float (3.0)
   deep-notes      manifest.json's "notes" (read by the audit) is nested 100000 levels deep
+  fifo-grads      u0.grads.safetensors is a FIFO no one writes
+  zero-link       u0.grads.safetensors is a symbolic link to /dev/zero
+  outside-link    u0.grads.safetensors is a symbolic link to secret.txt beside the run folder
 
 Every file echoes GRADCERT_RUN_NONCE as "nonce" (backends/PROTOCOL.md) unless MODE says not.
 """
@@ -111,6 +114,18 @@ def main():
         text = text[:-1] + ', "notes": ' + "[" * 100000 + "]" * 100000 + "}"
     with open(os.path.join(out, "manifest.json"), "w") as f:
         f.write(text)
+    victim = os.path.join(out, "u0.grads.safetensors")
+    if mode == "fifo-grads":
+        os.remove(victim)
+        os.mkfifo(victim)
+    if mode in ("zero-link", "outside-link"):
+        os.remove(victim)
+        target = "/dev/zero"
+        if mode == "outside-link":
+            target = os.path.join(os.path.dirname(os.path.abspath(out)), "secret.txt")
+            with open(target, "wb") as f:
+                f.write(b"PASSWORD" * 16)  # read as a header length, these 8 bytes were echoed
+        os.symlink(target, victim)
 
 
 if __name__ == "__main__":

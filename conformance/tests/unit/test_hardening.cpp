@@ -3,11 +3,19 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <sys/stat.h>
+
+#include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <future>
 #include <limits>
+#include <memory>
 #include <string>
+#include <thread>
 
 #include "conformance/checks/checks.hpp"
 #include "conformance/core/files.hpp"
@@ -158,4 +166,101 @@ TEST(RunFolder, EmptiesOnlyFoldersGradcertMade) {
   fs::create_directory_symlink(dir, root + "/link");
   EXPECT_THROW(prepare_run_folder(root + "/link"), std::invalid_argument);
   EXPECT_EQ(run_folder_nonce(dir), n2) << "the link's target was left alone";
+}
+
+namespace {
+
+// What `read` throws, or "(hung)" when it did not return within 10 s (a FIFO used to block
+// in open(2) for ever; the thread is left behind).
+std::string error_within(std::function<void()> read) {
+  auto done = std::make_shared<std::promise<std::string>>();
+  std::future<std::string> result = done->get_future();
+  std::thread([done, read] {
+    try {
+      read();
+      done->set_value("(no error)");
+    } catch (const ArtifactError& e) {
+      done->set_value(e.what());
+    }
+  }).detach();
+  if (result.wait_for(std::chrono::seconds(10)) != std::future_status::ready) return "(hung)";
+  return result.get();
+}
+
+// read_safetensors of `path` expecting one float64 tensor "w" of 4 values (32 bytes).
+std::string read_error(const std::string& path) {
+  return error_within([path] { read_safetensors(path, {{"w", {{4}, DType::Float64}}}); });
+}
+
+std::string read_text_file_error(const std::string& path) {
+  return error_within([path] { read_text_file(path); });
+}
+
+}  // namespace
+
+// (8) A FIFO hung the reader for ever; a link to /dev/zero read gigabytes; a link to a file
+// outside the run folder was read and 8 of its bytes echoed (as a header length). Each is
+// now refused at open/fstat, naming the file and what it is, and nothing of it is echoed.
+TEST(ArtifactFiles, SpecialFilesAndLinksAreRefusedNamingTheFile) {
+  const std::string dir = test::temp_dir("gradcert_unit_artifact_files", "dir");
+  const std::string fifo = dir + "/u0.grads.safetensors";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  EXPECT_EQ(read_error(fifo), fifo + ": not a regular file (a FIFO)");
+  EXPECT_EQ(read_text_file_error(fifo), fifo + ": not a regular file (a FIFO)");
+
+  const std::string zero = dir + "/u0.params.safetensors";
+  fs::create_symlink("/dev/zero", zero);
+  EXPECT_EQ(read_error(zero), zero + ": is a symbolic link (gradcert reads only regular files inside the run folder)");
+
+  const std::string secret = test::temp_dir("gradcert_unit_artifact_files", "outside") + "/secret";
+  std::ofstream(secret) << "PASSWORD" << std::string(100, 'x');
+  const std::string outside = dir + "/u1.grads.safetensors";
+  fs::create_symlink(secret, outside);
+  const std::string msg = read_error(outside);
+  EXPECT_EQ(msg, outside + ": is a symbolic link (gradcert reads only regular files inside the run folder)");
+  uint64_t as_length = 0;
+  std::memcpy(&as_length, "PASSWORD", 8);
+  EXPECT_EQ(msg.find(std::to_string(as_length)), std::string::npos) << msg;
+
+  EXPECT_EQ(read_error(dir), dir + ": not a regular file (a folder)");
+}
+
+// (8) A tensor file larger than its tensors and the 100 MiB header limit is refused from its
+// size (fstat), before a byte is read: here a sparse 8 GiB file.
+TEST(ArtifactFiles, ReadsAreCappedByTheSizeThePlanImplies) {
+  const std::string path = test::temp_dir("gradcert_unit_artifact_files", "big") + "/u0.grads.safetensors";
+  std::ofstream(path).close();
+  fs::resize_file(path, 8ull << 30);
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(read_error(path), path + ": is 8589934592 bytes, more than the " + std::to_string(8 + (100 << 20) + 32) +
+                                  " bytes gradcert reads for it");
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 1.0);
+  // JSON files: at most 64 MiB.
+  const std::string json_path = fs::path(path).parent_path().string() + "/manifest.json";
+  std::ofstream(json_path).close();
+  fs::resize_file(json_path, (64ull << 20) + 1);
+  EXPECT_EQ(read_text_file_error(json_path),
+            json_path + ": is 67108865 bytes, more than the 67108864 bytes gradcert reads for it");
+  // The writer's own files still read.
+  write_safetensors(path, {{"w", vec("w", {1, 2, 3, 4})}});
+  EXPECT_EQ(read_error(path), "(no error)");
+}
+
+// (12) A full disk gave "cannot write temporary file" with no cause; every write (reports,
+// run inputs, artifacts) now says why, with the path.
+TEST(WriteErrors, NameThePathAndTheCause) {
+  try {
+    write_file("/dev/full", "report");
+    FAIL() << "no error writing /dev/full";
+  } catch (const ArtifactError& e) {
+    EXPECT_EQ(std::string(e.what()), "/dev/full: cannot write: No space left on device");
+  }
+  const std::string missing = test::temp_dir("gradcert_unit_write_errors", "dir") + "/gone/report.json";
+  try {
+    write_file_atomic(missing, "report");
+    FAIL() << "no error writing into a missing folder";
+  } catch (const ArtifactError& e) {
+    EXPECT_EQ(std::string(e.what()), missing + ".tmp." + std::to_string(::getpid()) +
+                                         ": cannot open for writing: No such file or directory");
+  }
 }

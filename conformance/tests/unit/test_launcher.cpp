@@ -283,5 +283,93 @@ TEST(Launcher, MpirunNamesFailingRank) {
   EXPECT_TRUE(contains(res.message, "gradcert rank 1: boom")) << res.message;
 }
 
+
+// (issue 13, item 10) A rank that exits 0 while its peer still runs left the peer in a collective
+// ("Connection reset by peer"); the peer's error exit used to be blamed.
+TEST(Launcher, RankThatExitsZeroEarlyIsBlamed) {
+  auto req = sh_request(2,
+                        "if [ $GRADCERT_RANK = 1 ]; then sleep 0.3; exit 0; fi; sleep 1; "
+                        "echo 'gradcert rank 0: error: Connection reset by peer' >&2; exit 2",
+                        "left");
+  LaunchResult res = launch(req);
+  EXPECT_FALSE(res.ok);
+  EXPECT_EQ(res.first_failed_rank, 1) << res.message;
+  EXPECT_EQ(res.message.rfind("rank 1 exited 0 after 0.", 0), 0u) << res.message;
+  EXPECT_TRUE(contains(res.message, " s before the run finished (its peers were still running); then rank 0 exited "
+                                    "with code 2 after 1.")) << res.message;
+  EXPECT_TRUE(contains(res.message, "Connection reset by peer")) << res.message;
+}
+
+// (item 10) A stopped rank (SIGSTOP) leaves its peers waiting until their collective timeout;
+// the peer's timeout error used to be blamed. The stopped rank is seen (WUNTRACED) and named.
+TEST(Launcher, StoppedRankIsBlamed) {
+  auto req = sh_request(2, "if [ $GRADCERT_RANK = 1 ]; then kill -STOP $$; sleep 60; fi; sleep 1; exit 2", "stopped");
+  auto t0 = Clock::now();
+  LaunchResult res = launch(req);
+  EXPECT_LT(seconds_since(t0), 5.0) << "a stopped rank is continued to take its SIGTERM";
+  EXPECT_EQ(res.first_failed_rank, 1) << res.message;
+  EXPECT_EQ(res.message.rfind("rank 1 was stopped (SIGSTOP) after 0.", 0), 0u) << res.message;
+  EXPECT_TRUE(contains(res.message, " and did not continue; then rank 0 exited with code 2")) << res.message;
+
+  auto hung = sh_request(2, "if [ $GRADCERT_RANK = 1 ]; then kill -STOP $$; fi; sleep 60", "stopped_timeout");
+  hung.timeout = std::chrono::seconds(1);
+  res = launch(hung);
+  EXPECT_TRUE(res.timed_out);
+  EXPECT_EQ(res.first_failed_rank, 1) << res.message;
+  EXPECT_EQ(res.message.rfind("timeout after 1.0 s; rank 1 was stopped (SIGSTOP) after 0.", 0), 0u) << res.message;
+}
+
+// (item 12) A chatty rank's log had no cap (1.5 GB); now its first and last MiB are kept.
+TEST(Launcher, LogsKeepTheirFirstAndLastMiB) {
+  auto req = sh_request(1, "echo FIRST; head -c 20000000 /dev/zero | tr '\\0' x; echo; echo LAST", "chatty");
+  auto t0 = Clock::now();
+  LaunchResult res = launch(req);
+  std::printf("[ wall ] 20 MB of output: %.2f s\n", seconds_since(t0));
+  EXPECT_TRUE(res.ok) << res.message;
+  const std::string log = slurp(req.log_dir + "/rank0.log");
+  const uint64_t printed = 6 + 20000000 + 1 + 5;
+  const std::string marker = "\n[... " + std::to_string(printed - (2u << 20)) + " bytes cut ...]\n";
+  EXPECT_EQ(log.size(), (2u << 20) + marker.size());
+  EXPECT_EQ(log.substr(0, 6), "FIRST\n");
+  EXPECT_EQ(log.substr(log.size() - 6), "\nLAST\n");
+  EXPECT_EQ(log.substr(1 << 20, marker.size()), marker);
+}
+
+// (item 11) A process the command starts in the background, in its group or in a session of
+// its own (setsid), outlived the launch; the launcher is a subreaper and kills them all.
+TEST(Launcher, NoProcessOfTheCommandOutlivesTheLaunch) {
+  auto req = sh_request(1, "", "orphans");
+  const std::string pids = req.log_dir + "/../pids";
+  req.argv[2] = "sleep 1000 & echo $! > " + pids + "; setsid sleep 1000 & echo $! >> " + pids + "; sleep 0.2";
+  LaunchResult res = launch(req);
+  EXPECT_TRUE(res.ok) << res.message;
+  std::ifstream in(pids);
+  int n = 0;
+  for (pid_t pid; in >> pid; ++n) {
+    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+    std::string line;
+    std::getline(stat, line);
+    const size_t paren = line.rfind(')');
+    const bool alive = paren != std::string::npos && line.size() > paren + 2 && line[paren + 2] != 'Z';
+    EXPECT_FALSE(alive) << "process " << pid << " outlived the launch: " << line;
+  }
+  EXPECT_EQ(n, 2);
+}
+
+TEST(Launcher, MpirunNamesKilledRankFromMpirunsOwnReport) {
+  if (!mpirun_on_path()) GTEST_SKIP() << "mpirun is not on PATH";
+  // Rank 0 prints its symptom first; mpirun's report names the rank that died.
+  auto req = sh_request(2,
+                        "if [ $OMPI_COMM_WORLD_RANK = 1 ]; then sleep 0.5; kill -9 $$; fi; "
+                        "echo 'gradcert rank 0: error: Connection reset by peer' >&2; sleep 30",
+                        "mpi_killed");
+  req.kind = LauncherKind::Mpirun;
+  LaunchResult res = launch(req);
+  EXPECT_FALSE(res.ok);
+  EXPECT_EQ(res.first_failed_rank, 1) << res.message;
+  EXPECT_EQ(res.message.rfind("rank 1 failed under mpirun", 0), 0u) << res.message;
+  EXPECT_TRUE(contains(res.message, "noticed that process rank 1 with PID")) << res.message;
+}
+
 }  // namespace
 }  // namespace gradcert

@@ -40,7 +40,7 @@ HostTensor t1(std::vector<double> v) {
 
 }  // namespace
 
-// NOTE [stack figures]: null = not exposed (the checks skip); an absent key is still an error.
+// (NOTE [stack figures]) null = not exposed (the checks skip); an absent key is still an error.
 TEST(StackFigures, NullLossAndCountAreNotExposedAbsentIsAnError) {
   const Spec spec;
   const Plan plan = make_plan(spec);

@@ -79,19 +79,10 @@ def main():
     plan, data = shim.plan, shim.data
     if plan.dtype == torch.bfloat16:
         common.skip("the accelerate shim runs float64 / float32 plans (bf16 needs mixed_precision masters)")
-    if plan.tp != 1 or plan.pp != 1:
-        common.fail(f"the accelerate shim is data parallel only; the plan has tp={plan.tp} pp={plan.pp}")
     if plan.max_grad_norm > 0:
         common.fail("the accelerate shim does not clip (the docs' loop would call accelerator.clip_grad_norm_); "
                     "run a plan without optimizer.max_grad_norm")
-    if len(plan) % plan.windows_per_epoch:
-        common.fail(f"the plan has {len(plan)} updates, not whole epochs of {plan.windows_per_epoch}")
-    epochs = len(plan) // plan.windows_per_epoch
-    order = common.global_order(plan, "batches")
-    epoch_len = len(order) // epochs
-    if any(order[e * epoch_len:(e + 1) * epoch_len] != order[:epoch_len] for e in range(epochs)):
-        common.fail("the plan orders its epochs differently; a sequential sampler repeats one order")
-    dataset = common.PlanDataset(data, order[:epoch_len], labels="shifted")
+    dataset, epochs = common.epoch_dataset(plan, data, "batches", "shifted", "accelerate")
     ign = data.ignore_index
     A = plan.accum
 

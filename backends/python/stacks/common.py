@@ -96,6 +96,22 @@ def global_order(plan: client.Plan, kind: str) -> list:
     return order
 
 
+def epoch_dataset(plan: client.Plan, dataset: client.Dataset, kind: str, labels: str, stack: str):
+    """The dataset a stack's sequential sampler iterates once per epoch (global_order of one
+    epoch) and the number of epochs; refuses plans a data-parallel stack shim cannot feed
+    (TP / PP, partial epochs, epochs in different orders), naming `stack`."""
+    if plan.tp != 1 or plan.pp != 1:
+        fail(f"the {stack} shim is data parallel only; the plan has tp={plan.tp} pp={plan.pp}")
+    if len(plan) % plan.windows_per_epoch:
+        fail(f"the plan has {len(plan)} updates, not whole epochs of {plan.windows_per_epoch}")
+    epochs = len(plan) // plan.windows_per_epoch
+    order = global_order(plan, kind)
+    n = len(order) // epochs
+    if any(order[e * n:(e + 1) * n] != order[:n] for e in range(epochs)):
+        fail(f"the plan orders its epochs differently; {stack}'s sequential sampler repeats one order")
+    return PlanDataset(dataset, order[:n], labels=labels), epochs
+
+
 class PlanDataset(torch.utils.data.Dataset):
     """Index i -> the i-th example of the order: {"input_ids", "labels", "sample_id"}.
 
@@ -165,16 +181,11 @@ def loss_sum(logits: torch.Tensor, shifted_labels: torch.Tensor, ignore_index: i
 
 
 def optimizer_for(params, plan: client.Plan):
-    """torch.optim SGD / AdamW with the plan's hyperparameters (the protocol's rules)."""
-    opt = plan.optimizer
-    params = list(params)
-    if opt["name"] == "sgd":
-        return torch.optim.SGD(params, lr=opt["lr"], momentum=opt["momentum"], dampening=0,
-                               weight_decay=opt["weight_decay"], nesterov=False, foreach=False)
-    if opt["name"] == "adamw":
-        return torch.optim.AdamW(params, lr=opt["lr"], betas=(opt["beta1"], opt["beta2"]), eps=opt["eps"],
-                                 weight_decay=opt["weight_decay"], amsgrad=False, foreach=False)
-    fail(f"plan optimizer {opt['name']!r}: the shims know sgd and adamw")
+    """torch.optim SGD / AdamW with the plan's hyperparameters (the protocol's rules): the
+    adapters' own (gradcert_model.make_optimizer, kind 'torch')."""
+    import gradcert_model
+
+    return gradcert_model.make_optimizer(params, plan.optimizer, "torch")
 
 
 def package_version(name: str) -> str | None:
@@ -209,6 +220,7 @@ class Shim:
         self.S_r = 0.0
         self.N_seen = None  # the N the stack used in this window, where it exposes one
         self.stack_loss = 0.0  # what the stack backpropagated, summed over the window (rank-local)
+        self.pending_loss = None  # the window's global token mean where the loop forms one (else null)
         self._grads = None
         self._consumed = None
         self.steps = 0
@@ -260,10 +272,10 @@ class Shim:
         else:
             P = {n: p.detach().to("cpu") for n, p in params.items()}
             step_seconds = max(0.0, t - self._t0 - self._excluded)
-            self.writer.record(u, self._consumed, self.S_r, None, None, self.N_seen, step_seconds, self._grads, P,
-                               extra={"stack_loss": self.stack_loss})
+            self.writer.record(u, self._consumed, self.S_r, None, self.pending_loss, self.N_seen, step_seconds,
+                               self._grads, P, extra={"stack_loss": self.stack_loss})
         self._grads, self._consumed = None, None
-        self.S_r, self.N_seen, self.stack_loss = 0.0, None, 0.0
+        self.S_r, self.N_seen, self.stack_loss, self.pending_loss = 0.0, None, 0.0, None
         self._excluded = 0.0
         self._t0 = time.perf_counter()  # the next window starts after this bookkeeping
 

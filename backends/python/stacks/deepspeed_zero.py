@@ -123,16 +123,7 @@ def main():
         common.skip(f"plan dtype {plan.dtype_name}: DeepSpeed {deepspeed.__version__} has no float64 training "
                     f"(stage 0 asserts on fp64 gradients, ZeRO 1-3 reduce in fp32) and this shim wires "
                     f"float32 only; run gradcert with --dtype float32")
-    if plan.tp != 1 or plan.pp != 1:
-        common.fail(f"the DeepSpeed shim is data parallel only; the plan has tp={plan.tp} pp={plan.pp}")
-    if len(plan) % plan.windows_per_epoch:
-        common.fail(f"the plan has {len(plan)} updates, not whole epochs of {plan.windows_per_epoch}")
-    epochs = len(plan) // plan.windows_per_epoch
-    order = common.global_order(plan, "samples")
-    epoch_len = len(order) // epochs
-    if any(order[e * epoch_len:(e + 1) * epoch_len] != order[:epoch_len] for e in range(epochs)):
-        common.fail("the plan orders its epochs differently; an unshuffled DistributedSampler repeats one order")
-    dataset = common.PlanDataset(data, order[:epoch_len], labels="shifted")
+    dataset, epochs = common.epoch_dataset(plan, data, "samples", "shifted", "DeepSpeed")
     ign = data.ignore_index
 
     timeout = int(float(plan.spec.get("timeout", {}).get("collective_s", 60)) or 60)

@@ -123,16 +123,7 @@ def main():
         common.skip(f"transformers {transformers.__version__} has no average_tokens_across_devices / loss_kwargs")
     shim = common.Shim("hf-trainer", args.config, packages=("transformers", "accelerate", "torch"))
     plan, data = shim.plan, shim.data
-    if plan.tp != 1 or plan.pp != 1:
-        common.fail(f"the HF Trainer shim is data parallel only; the plan has tp={plan.tp} pp={plan.pp}")
-    if len(plan) % plan.windows_per_epoch:
-        common.fail(f"the plan has {len(plan)} updates, not whole epochs of {plan.windows_per_epoch}")
-    epochs = len(plan) // plan.windows_per_epoch
-    order = common.global_order(plan, "batches")
-    epoch_len = len(order) // epochs
-    if any(order[e * epoch_len:(e + 1) * epoch_len] != order[:epoch_len] for e in range(epochs)):
-        common.fail("the plan orders its epochs differently; the Trainer's sequential sampler repeats one order")
-    dataset = common.PlanDataset(data, order[:epoch_len], labels="hf")
+    dataset, epochs = common.epoch_dataset(plan, data, "batches", "hf", "HF Trainer")
 
     torch.manual_seed(int(plan.spec.get("seed", 0)))
     inner = shim.build_model()

@@ -151,16 +151,7 @@ def main():
     plan, data = shim.plan, shim.data
     if plan.dtype not in PRECISION:
         common.skip(f"the Lightning shim runs float64 / float32 plans, not {plan.dtype_name}")
-    if plan.tp != 1 or plan.pp != 1:
-        common.fail(f"the Lightning DDP shim is data parallel only; the plan has tp={plan.tp} pp={plan.pp}")
-    if len(plan) % plan.windows_per_epoch:
-        common.fail(f"the plan has {len(plan)} updates, not whole epochs of {plan.windows_per_epoch}")
-    epochs = len(plan) // plan.windows_per_epoch
-    order = common.global_order(plan, "samples")
-    epoch_len = len(order) // epochs
-    if any(order[e * epoch_len:(e + 1) * epoch_len] != order[:epoch_len] for e in range(epochs)):
-        common.fail("the plan orders its epochs differently; the sequential sampler repeats one order")
-    dataset = common.PlanDataset(data, order[:epoch_len], labels="shifted")
+    dataset, epochs = common.epoch_dataset(plan, data, "samples", "shifted", "Lightning DDP")
     loader = torch.utils.data.DataLoader(dataset, batch_size=plan.micro,
                                          sampler=torch.utils.data.SequentialSampler(dataset),
                                          collate_fn=common.collate(data.pad_token, data.ignore_index),

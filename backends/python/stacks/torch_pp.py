@@ -93,19 +93,6 @@ CONFIGS = ("gpipe", "1f1b", "gpipe-default", "1f1b-default")
 STACK = "torch-pp"
 
 
-class LoopShim(common.Shim):
-    """common.Shim, plus the loss figure the user's loop logs (None where it has none)."""
-
-    pending_loss = None
-
-    def after_step(self, params):
-        before = len(self.writer.manifest_updates)
-        loss, self.pending_loss = self.pending_loss, None
-        super().after_step(params)
-        if len(self.writer.manifest_updates) > before:
-            self.writer.manifest_updates[-1]["loss"] = loss
-
-
 class Stage(nn.Module):
     """Stage s of the tiny LM, with the canonical names (TinyLM.forward, split)."""
 
@@ -137,7 +124,7 @@ def main():
                     help="pad sequences to the spec's max_len (static shapes, default) or to the window's longest "
                          "(what a DataLoader's collate gives; probes the schedule's static-shape requirement)")
     args = ap.parse_args()
-    shim = LoopShim(STACK, args.config, packages=("torch",))
+    shim = common.Shim(STACK, args.config, packages=("torch",))
     plan, data, run = shim.plan, shim.data, shim.run
     correct = not args.config.endswith("-default")
     if plan.tp != 1:

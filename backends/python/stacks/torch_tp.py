@@ -97,20 +97,6 @@ CONFIGS = ("default", "token-global", "fsdp2-tp", "fsdp2-tp-default")
 STACK = "torch-tp"
 
 
-class LoopShim(common.Shim):
-    """common.Shim, plus the loss figure the user's loop computes (the global token mean of
-    the token-global loops; None where the loop has none) in the manifest."""
-
-    pending_loss = None
-
-    def after_step(self, params):
-        before = len(self.writer.manifest_updates)
-        loss, self.pending_loss = self.pending_loss, None
-        super().after_step(params)
-        if len(self.writer.manifest_updates) > before:
-            self.writer.manifest_updates[-1]["loss"] = loss
-
-
 def full(t):
     return t.full_tensor() if isinstance(t, DTensor) else t
 
@@ -168,7 +154,7 @@ def main():
                     help="heads: permute qkv rows per head before ColwiseParallel (NOTE [qkv split]); naive: a plain "
                          "ColwiseParallel of qkv (mixes q / k / v across ranks: a planted shim bug gradcert must catch)")
     args = ap.parse_args()
-    shim = LoopShim(STACK, args.config, packages=("torch",))
+    shim = common.Shim(STACK, args.config, packages=("torch",))
     plan, data, run = shim.plan, shim.data, shim.run
     fsdp = args.config.startswith("fsdp2")
     token_global = args.config in ("token-global", "fsdp2-tp")

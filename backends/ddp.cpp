@@ -14,6 +14,7 @@ class DdpBackend : public Backend {
   }
   void setup(RankContext& ctx) override { state_.setup(ctx); }
   NamedTensors state_tensors() override { return state_.state_tensors(); }
+  NamedTensors replica_params() override { return state_.replica_params(); }
   RankUpdate run_update(RankContext& ctx, int update) override {
     RankUpdate out = state_.accumulate(ctx, update);
     state_.sync(ctx, out);
@@ -28,7 +29,7 @@ class DdpBackend : public Backend {
 
 const StrategyInfo& ddp_strategy() {
   static const StrategyInfo info{"ddp", Sharding::DDP,
-                                 /*traits: data_parallel, final_allreduce, reduce_scatter, gathers_params, tp*/ {true, true, false, false, false},
+                                 /*traits: data_parallel, final_allreduce, reduce_scatter, gathers_params, tp, replica digests*/ {true, true, false, false, false, true},
                                  "one flat all-reduce per window (divide by D, then SUM)",
                                  "accumulates locally, one reduction after microstep A-1",
                                  {2, 1, 1}, std::vector<CertifyTopology>{{3, 1, 1}}, 0, [] { std::unique_ptr<Backend> b = std::make_unique<DdpBackend>(); return b; }};

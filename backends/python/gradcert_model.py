@@ -297,6 +297,11 @@ class Strategy:
     def full_params(self) -> dict:
         raise NotImplementedError
 
+    def replica_params(self):
+        """(name, tensor) this rank holds whole after the step (a DDP replica: every
+        parameter), for replicas.agree; empty where a rank holds shards."""
+        return []
+
     def clip_grad_norm(self, params, max_norm: float):
         """Global-norm clipping of the optimizer's parameters' gradients (every rank)."""
         torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=False)
@@ -398,7 +403,8 @@ def train(run: client.Run, rank: int, world: int, model: nn.Module, strategy: St
         S_global = allreduce_sum_f64([S_r])[0]
         loss = S_global / N if N > 0 else 0.0
         params = strategy.full_params()
-        writer.record(u, consumed, S_r, mutants.rank_count(mutant, n_r, rows_r), loss, N, step_seconds, grads, params)
+        writer.record(u, consumed, S_r, mutants.rank_count(mutant, n_r, rows_r), loss, N, step_seconds, grads, params,
+                      replicas=client.replica_digests(strategy.replica_params()))
     recorder.remove()
     if clip_handle is not None:
         clip_handle.remove()

@@ -43,6 +43,9 @@ class DDPStrategy(gm.Strategy):
     def full_params(self):
         return {n: p for n, p in self.inner.named_parameters()}
 
+    def replica_params(self):
+        return list(self.inner.named_parameters())
+
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

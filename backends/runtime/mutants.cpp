@@ -30,6 +30,9 @@ const std::vector<MutantInfo>& mutant_table() {
        [](const StrategyTraits& t) { return t.gathers_params; }},
       {Mutant::TpCountedAsDp, "tp-counted-as-dp", "D taken as the world size under TP, so the TP ranks count as replicas",
        [](const StrategyTraits& t) { return t.tensor_parallel; }},
+      {Mutant::ReplicaDrift, "replica-drift",
+       "one replica steps its last update with lr x 1.01 (a per-rank schedule): only rank 0's tensors become artifacts",
+       [](const StrategyTraits& t) { return t.data_parallel && t.replica_digests; }},
   };
   return table;
 }

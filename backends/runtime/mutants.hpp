@@ -19,6 +19,7 @@ enum class Mutant {
   ShardDivideFactor,
   StaleGatheredParams,
   TpCountedAsDp,
+  ReplicaDrift,
 };
 
 /// What a strategy does, as far as the mutants care (backends/<strategy>.cpp says it).
@@ -28,6 +29,7 @@ struct StrategyTraits {
   bool reduce_scatter = false;   ///< gradients reduce-scattered into shards
   bool gathers_params = false;   ///< parameters sharded and all-gathered for compute
   bool tensor_parallel = false;  ///< TP ranks inside a replica
+  bool replica_digests = false;  ///< every rank digests the full replica it holds (replicas.agree)
 };
 
 /// One row of the mutant table.

@@ -190,8 +190,25 @@ void ReplicaState::step(RankContext& ctx, int update) {
   ctx.mark("artifacts");
   std::vector<std::pair<std::string, torch::Tensor>> params;
   for (auto& p : model_->named_parameters()) params.emplace_back(p.key(), p.value());
+  // replica-drift: the last DP rank steps its last update with lr x 1.01 (a per-rank learning
+  // rate, e.g. a scheduler stepped once more on one rank); nothing is all-reduced after it.
+  const bool drift = ctx.mutant == Mutant::ReplicaDrift && update + 1 == static_cast<int>(ctx.plan->windows.size()) &&
+                     ctx.plan->dp > 1 && ctx.plan->dp_rank_of(ctx.rank) == ctx.plan->dp - 1;
+  std::vector<torch::Tensor> before;
+  if (drift)
+    for (auto& [n, p] : params) before.push_back(p.detach().clone());
   stepper_.step(ctx, update, params);
+  if (drift) {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < params.size(); ++i) params[i].second.add_(params[i].second - before[i], 0.01);
+  }
   ctx.mark("optimizer step");
+}
+
+NamedTensors ReplicaState::replica_params() {
+  NamedTensors out;
+  for (auto& p : model_->named_parameters()) out.emplace_back(p.key(), p.value());
+  return out;
 }
 
 void ReplicaState::collect(RankContext& ctx, RankUpdate& out) {

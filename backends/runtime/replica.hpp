@@ -78,6 +78,8 @@ class ReplicaState {
   TinyLM& model() { return model_; }
   /// Parameters and gradients as held, and the stepper's state.
   NamedTensors state_tensors();
+  /// The replica's parameters by canonical name.
+  NamedTensors replica_params();
 
  private:
   TinyLM model_{nullptr};

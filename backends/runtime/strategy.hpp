@@ -97,6 +97,10 @@ class Backend {
   /// (full, sharded, or a stage's), gradients, master weights or shards, optimizer slots.
   /// Empty: the backend does not report it (memory.lower_bound skips).
   virtual NamedTensors state_tensors() { return {}; }
+  /// The canonical parameters this rank holds whole after the step (a DDP replica: all of
+  /// them), digested into rank<g>.json for replicas.agree (NOTE [replica digests]). Empty:
+  /// the backend reports none (sharded strategies; TP and PP do not yet).
+  virtual NamedTensors replica_params() { return {}; }
 };
 
 }  // namespace gradcert

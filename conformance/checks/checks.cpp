@@ -206,6 +206,43 @@ CheckResult check_window_count(const std::vector<ReferenceUpdate>& ref, const st
   return exact(id, worst, detail);
 }
 
+CheckResult check_replicas_agree(const std::vector<BackendUpdate>& run) {
+  const std::string id = "replicas.agree";
+  int64_t compared = 0, wrong = 0;
+  std::string detail;
+  for (size_t u = 0; u < run.size(); ++u) {
+    std::map<std::string, std::vector<std::pair<int, std::string>>> held;  // tensor -> (rank, digest)
+    for (const auto& r : run[u].ranks)
+      for (const auto& [name, digest] : r.replicas) held[name].push_back({r.rank, digest});
+    for (const auto& [name, copies] : held) {
+      if (copies.size() < 2) continue;
+      ++compared;
+      std::map<std::string, int> votes;
+      for (const auto& c : copies) ++votes[c.second];
+      if (votes.size() == 1) continue;
+      ++wrong;
+      if (!detail.empty()) continue;
+      // The majority value (ties: the lowest rank's) is the replica; the others diverged.
+      std::string major = copies.front().second;
+      for (const auto& [d, n] : votes)
+        if (n > votes[major]) major = d;
+      std::string off, on;
+      for (const auto& [rank, d] : copies) {
+        std::string& list = d == major ? on : off;
+        list += (list.empty() ? "" : ", ") + std::to_string(rank);
+      }
+      detail = "update " + std::to_string(u) + " " + name + ": rank " + off + " holds other values than rank " + on;
+    }
+  }
+  if (compared == 0)
+    return {id, Verdict::Skip, 0, 0, "no tensor is held by two ranks that report replica digests (rank<g>.json replicas)"};
+  if (detail.empty())
+    detail = std::to_string(compared) + " (update, tensor) pairs held by several ranks, identical on every rank";
+  else
+    detail += " (" + std::to_string(wrong) + " of " + std::to_string(compared) + " (update, tensor) pairs differ)";
+  return exact(id, static_cast<double>(wrong), detail);
+}
+
 CheckResult check_global_mean_loss(const std::vector<ReferenceUpdate>& ref, const std::vector<BackendUpdate>& run,
                                    double tolerance) {
   const std::string id = "loss.global_mean";
@@ -415,6 +452,8 @@ const std::vector<CheckEntry>& check_table() {
        [](const CheckInput& in) { return check_grad_scale(*in.reference, *in.run, in.scale_tolerance); }},
       {"params.parity", "per tensor, after every update, relative L2 error of the parameters", always,
        [](const CheckInput& in) { return check_params_parity(*in.reference, *in.run, in.tolerance); }},
+      {"replicas.agree", "every tensor several ranks hold is identical on all of them after every update", always,
+       [](const CheckInput& in) { return check_replicas_agree(*in.run); }},
       {"memory.lower_bound", "each rank's model state >= the estimate for that rank, and at most 2% above it",
        with_memory, memory_lower_bound},
       {"memory.budget", "every peak (rank x phase x length bucket) <= memory.budget_bytes", with_memory,

@@ -18,6 +18,10 @@ CheckResult check_update_size(const Plan& plan, const std::vector<BackendUpdate>
 CheckResult check_sample_ledger(const Plan& plan, int64_t dataset_size, const std::vector<BackendUpdate>& run);
 /// The backend's N equals the reference's recount for every window. Figure: largest |diff|.
 CheckResult check_window_count(const std::vector<ReferenceUpdate>& ref, const std::vector<BackendUpdate>& run);
+/// replicas.agree: every tensor two or more ranks report a digest of (NOTE [replica digests])
+/// is the same on all of them after every update; names the first update, tensor and the
+/// rank(s) that differ from the majority. Skip when no tensor is reported by two ranks.
+CheckResult check_replicas_agree(const std::vector<BackendUpdate>& run);
 /// The backend's loss is the global token mean. Figure: largest relative error.
 CheckResult check_global_mean_loss(const std::vector<ReferenceUpdate>& ref, const std::vector<BackendUpdate>& run,
                                    double tolerance);

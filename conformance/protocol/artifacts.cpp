@@ -17,9 +17,11 @@ using nlohmann::json;
 void write_rank_record(const std::string& dir, int rank, int dp_rank, const std::vector<RankUpdateRecord>& updates,
                        const std::string& nonce) {
   json ups = json::array();
-  for (const auto& u : updates)
+  for (const auto& u : updates) {
     ups.push_back({{"update", u.update}, {"consumed", u.consumed}, {"loss_sum", u.loss_sum},
                    {"valid_targets", u.valid_targets}});
+    if (!u.replicas.empty()) ups.back()["replicas"] = u.replicas;
+  }
   json j = {{"schema", "gradcert.rank/1"}, {"rank", rank}, {"dp_rank", dp_rank}, {"nonce", nonce}, {"updates", ups}};
   write_file_atomic(dir + "/rank" + std::to_string(rank) + ".json", j.dump(1));
 }
@@ -162,6 +164,16 @@ std::vector<RankRecord> parse_rank_record_json(const std::string& text, const st
     RankRecord rr;
     if (ups[u].contains("loss_sum")) rr.loss_sum = f.number("loss_sum"), rr.has_loss_sum = true;
     if (ups[u].contains("valid_targets")) rr.valid_targets = f.integer("valid_targets", 0, INT64_MAX);
+    if (ups[u].contains("replicas")) {  // NOTE [replica digests]
+      const json& reps = ups[u].at("replicas");
+      if (!reps.is_object()) f.fail("field 'replicas' must be an object of tensor name -> digest, got " + json_excerpt(reps));
+      for (const auto& [name, digest] : reps.items()) {
+        if (name.empty() || !digest.is_string() || digest.get<std::string>().empty() || digest.get<std::string>().size() > 128)
+          f.fail("field 'replicas." + name.substr(0, 80) + "' must be a digest string (1-128 characters), got " +
+                 json_excerpt(digest));
+        rr.replicas[name] = digest.get<std::string>();
+      }
+    }
     const json& consumed = f.at("consumed");
     if (!consumed.is_array()) f.fail("field 'consumed' must be an array of id lists, got " + json_excerpt(consumed));
     rr.rank = rank;

@@ -1,5 +1,6 @@
 // A run directory: what ranks write and what the checks read (see backends/PROTOCOL.md).
 #pragma once
+#include <map>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,12 @@ struct RankRecord {
   bool has_loss_sum = false;
   double loss_sum = 0;          ///< S_r = sum_a S_{r,a} as the rank reported it
   int64_t valid_targets = -1;   ///< n_r as the rank reported it (-1: not reported)
+  /// NOTE [replica digests] canonical name -> a digest of the exact bytes of that tensor as
+  /// this rank holds it after the update's optimizer step, for every tensor the rank holds
+  /// whole (a DDP replica: all of them). Ranks holding the same tensor must agree exactly
+  /// (replicas.agree): only rank 0's tensors become artifacts, so without this a replica
+  /// that drifts (and feeds nothing back into an all-reduce) would pass.
+  std::map<std::string, std::string> replicas;
 };
 
 /// What a backend produced for one update (full canonical tensors).
@@ -50,6 +57,7 @@ struct RankUpdateRecord {
   std::vector<std::vector<int64_t>> consumed;  ///< ids per microstep
   double loss_sum = 0;                          ///< S_r = sum_a S_{r,a}
   int64_t valid_targets = 0;                    ///< sum_a n_{r,a}
+  std::map<std::string, std::string> replicas;  ///< NOTE [replica digests]
 };
 
 /// Writes <dir>/rank<r>.json, carrying the run's nonce (NOTE [run nonce]).

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <csignal>
 #include <filesystem>
 #include <iostream>
@@ -23,6 +24,24 @@
 namespace gradcert {
 
 namespace {
+
+// NOTE [replica digests]: FNV-1a (64 bit) over the tensor's dtype, shape and exact bytes.
+// Only compared between ranks of one run (the same code on every rank), never across
+// implementations, so any exact digest serves; a different value is a different tensor.
+std::string tensor_digest(const torch::Tensor& t) {
+  const torch::Tensor c = t.detach().contiguous().cpu();
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&h](const unsigned char* p, size_t n) {
+    for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  };
+  const auto dtype = static_cast<int>(c.scalar_type());
+  mix(reinterpret_cast<const unsigned char*>(&dtype), sizeof dtype);
+  for (int64_t d : c.sizes()) mix(reinterpret_cast<const unsigned char*>(&d), sizeof d);
+  mix(static_cast<const unsigned char*>(c.data_ptr()), c.numel() * c.element_size());
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
 
 void maybe_fault(int rank, int update) {
   const char* f = std::getenv("GRADCERT_FAULT");
@@ -98,6 +117,10 @@ int worker_main(const WorkerArgs& args) {
       RankUpdate u = backend->run_update(ctx, w.update);
       const double secs =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() - ctx.untimed_seconds;
+      {
+        UntimedScope untimed(ctx);  // NOTE [replica digests]: outside the timed step
+        for (auto& [name, t] : backend->replica_params()) u.record.replicas[name] = tensor_digest(t);
+      }
       records.push_back(u.record);
       if (rank == 0) {
         write_update_tensors(args.run_dir, w.update, u.grads, u.params_after);

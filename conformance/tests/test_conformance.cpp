@@ -134,6 +134,28 @@ INSTANTIATE_TEST_SUITE_P(
                     Case{"tp", 4, 3, DType::Float64, "sgd", 2, 1}, Case{"pp", 4, 3, DType::Float64, "sgd", 1, 2}),
     case_name);
 
+// A replica that drifts at the last update (lr x 1.01 on DP rank 1) changes nothing rank 0
+// writes: every artifact check passes; only replicas.agree (NOTE [replica digests]) sees it,
+// and names the rank. The correct ddp run holds identical replicas on both ranks.
+TEST(ConformanceReplicas, ADriftingReplicaIsCaughtOnlyByReplicasAgree) {
+  RunRequest ok = request("ddp", 2, 3, DType::Float64, "replicas_ok");
+  const RunReport good = run_backend(ok);
+  ASSERT_TRUE(good.error.empty()) << good.error;
+  for (const auto& c : good.checks)
+    if (c.id == "replicas.agree") EXPECT_EQ(c.verdict, Verdict::Pass) << c.detail;
+  RunRequest req = request("ddp", 2, 3, DType::Float64, "replicas_drift");
+  req.inject = "replica-drift";
+  const RunReport r = run_backend(req);
+  ASSERT_TRUE(r.error.empty()) << r.error;
+  EXPECT_EQ(r.detected_by(), std::vector<std::string>{"replicas.agree"});
+  for (const auto& c : r.checks)
+    if (c.id == "replicas.agree") {
+      EXPECT_NE(c.detail.find("update 2"), std::string::npos) << c.detail;
+      EXPECT_NE(c.detail.find("rank 1 holds other values than rank 0"), std::string::npos) << c.detail;
+      std::cout << "[ detail   ] replica-drift: " << c.detail << "\n";
+    }
+}
+
 TEST(ConformancePipeline, OneFOneBAndGpipeBothMatchTheReference) {
   for (const std::string schedule : {"1f1b", "gpipe"}) {
     RunRequest req = request("pp", 4, 3, DType::Float64, "pipeline_" + schedule, 1, 4);

@@ -71,6 +71,9 @@ RunReport expect_certified(RunRequest req, double max_grad) {
   EXPECT_TRUE(r.error.empty()) << r.error;
   EXPECT_EQ(test::ids_of(r), check_ids(/*with_memory=*/false));  // external runs measure no memory
   EXPECT_TRUE(r.passed()) << failures(r);
+  // DDP keeps a whole replica per rank and digests it (NOTE [replica digests]): compared, equal.
+  if (req.command.find("torch_ddp.py") != std::string::npos)
+    if (const CheckResult* a = check(r, "replicas.agree")) EXPECT_EQ(a->verdict, Verdict::Pass) << a->detail;
   if (const CheckResult* g = check(r, "grad.parity")) {
     EXPECT_LE(g->figure, max_grad) << g->detail;
     std::cout << "[ figure   ] " << req.command.substr(req.command.rfind('/') + 1) << " " << dtype_name(req.spec.dtype)

@@ -352,6 +352,24 @@ def write_tensors(path: str, tensors: dict, dtype: torch.dtype, update: int | No
     _atomic_write(path, lambda tmp: save_file(out, tmp, metadata=md))
 
 
+def tensor_digest(t: torch.Tensor) -> str:
+    """NOTE [replica digests] (conformance/protocol/artifacts.hpp): a digest of the tensor's
+    dtype, shape and exact bytes; ranks holding the same tensor must report the same one."""
+    import hashlib
+
+    c = t.detach().contiguous().cpu()
+    raw = c.view(torch.int16) if c.dtype == torch.bfloat16 else c
+    h = hashlib.blake2b(digest_size=8)
+    h.update(f"{c.dtype}:{tuple(c.shape)}:".encode())
+    h.update(raw.numpy().tobytes())
+    return h.hexdigest()
+
+
+def replica_digests(named_tensors) -> dict:
+    """name -> tensor_digest, for the tensors a rank holds whole (rank<g>.json "replicas")."""
+    return {n: tensor_digest(t) for n, t in named_tensors}
+
+
 def versions(adapter: str, extra: dict | None = None) -> dict:
     v = {"adapter": adapter, "torch": torch.__version__, "python": platform.python_version(),
          "protocol": PROTOCOL_VERSION}
@@ -403,13 +421,16 @@ class ArtifactWriter:
         self.rank_updates, self.manifest_updates = [], []
         self.memory = {}
 
-    def record(self, update, consumed, loss_sum_r, targets_r, loss, N, step_seconds, grads, params, extra=None):
+    def record(self, update, consumed, loss_sum_r, targets_r, loss, N, step_seconds, grads, params, extra=None,
+               replicas=None):
         # Written as given: gradcert refuses 3.0 or True where an id or a count belongs.
         # targets_r None: no per-rank count (the key is left out); loss / N None: the stack
         # exposes no such figure (JSON null: gradcert skips the check for that update).
         rec = {"update": update, "consumed": consumed, "loss_sum": loss_sum_r}
         if targets_r is not None:
             rec["valid_targets"] = targets_r
+        if replicas:  # NOTE [replica digests]: what this rank holds whole, after the step
+            rec["replicas"] = replicas
         self.rank_updates.append(rec)
         gname, pname = f"u{update}.grads.safetensors", f"u{update}.params.safetensors"
         if self.rank == 0:

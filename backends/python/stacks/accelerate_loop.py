@@ -76,6 +76,7 @@ def main():
     ap.add_argument("--config", choices=CONFIGS, default="default")
     args = ap.parse_args()
     shim = common.Shim("accelerate", args.config, packages=("accelerate", "torch"))
+    shim.replicated = True  # DDP: every rank holds the whole model (replicas.agree)
     plan, data = shim.plan, shim.data
     if plan.dtype == torch.bfloat16:
         common.skip("the accelerate shim runs float64 / float32 plans (bf16 needs mixed_precision masters)")

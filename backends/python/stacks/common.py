@@ -221,6 +221,7 @@ class Shim:
         self.N_seen = None  # the N the stack used in this window, where it exposes one
         self.stack_loss = 0.0  # what the stack backpropagated, summed over the window (rank-local)
         self.pending_loss = None  # the window's global token mean where the loop forms one (else null)
+        self.replicated = False  # every rank holds the whole model (DDP): digest it (replicas.agree)
         self._grads = None
         self._consumed = None
         self.steps = 0
@@ -272,8 +273,11 @@ class Shim:
         else:
             P = {n: p.detach().to("cpu") for n, p in params.items()}
             step_seconds = max(0.0, t - self._t0 - self._excluded)
+            # NOTE [replica digests]: a shim whose stack keeps a whole replica on every rank
+            # (replicated = True: DDP under HF / accelerate / Lightning) digests it after each step.
             self.writer.record(u, self._consumed, self.S_r, None, self.pending_loss, self.N_seen, step_seconds,
-                               self._grads, P, extra={"stack_loss": self.stack_loss})
+                               self._grads, P, extra={"stack_loss": self.stack_loss},
+                               replicas=client.replica_digests(P.items()) if self.replicated else None)
         self._grads, self._consumed = None, None
         self.S_r, self.N_seen, self.stack_loss, self.pending_loss = 0.0, None, 0.0, None
         self._excluded = 0.0

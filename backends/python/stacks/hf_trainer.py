@@ -122,6 +122,7 @@ def main():
     if args.config in ("local-tokens", "loss-kwargs") and VERSION < (4, 46):
         common.skip(f"transformers {transformers.__version__} has no average_tokens_across_devices / loss_kwargs")
     shim = common.Shim("hf-trainer", args.config, packages=("transformers", "accelerate", "torch"))
+    shim.replicated = True  # DDP: every rank holds the whole model (replicas.agree)
     plan, data = shim.plan, shim.data
     dataset, epochs = common.epoch_dataset(plan, data, "batches", "hf", "HF Trainer")
 

@@ -148,6 +148,7 @@ def main():
     ap.add_argument("--config", choices=CONFIGS, default="default")
     args = ap.parse_args()
     shim = common.Shim("lightning-ddp", args.config, packages=("lightning", "torch"))
+    shim.replicated = True  # DDP: every rank holds the whole model (replicas.agree)
     plan, data = shim.plan, shim.data
     if plan.dtype not in PRECISION:
         common.skip(f"the Lightning shim runs float64 / float32 plans, not {plan.dtype_name}")

@@ -175,3 +175,26 @@ TEST(StackFindings, AMissingReportIsAnErrorNeverAPass) {
   EXPECT_EQ(f[0].verdict, "error");
   EXPECT_NE(f[0].reason.find("report.json"), std::string::npos) << f[0].reason;
 }
+
+// NOTE [replica digests]: ranks holding the same tensor must agree; the minority is named.
+TEST(ReplicasAgree, TheDivergedRankAndTheFirstUpdateAreNamed) {
+  std::vector<BackendUpdate> run(3);
+  for (int u = 0; u < 3; ++u)
+    for (int r = 0; r < 3; ++r) {
+      RankRecord rr;
+      rr.rank = r;
+      rr.replicas["w"] = "aa";
+      rr.replicas["b"] = "bb";
+      run[u].ranks.push_back(rr);
+    }
+  EXPECT_EQ(check_replicas_agree(run).verdict, Verdict::Pass);
+  run[2].ranks[1].replicas["w"] = "zz";
+  run[1].ranks[2].replicas["b"] = "yy";
+  const CheckResult c = check_replicas_agree(run);
+  EXPECT_EQ(c.verdict, Verdict::Fail);
+  EXPECT_EQ(c.figure, 2);
+  EXPECT_NE(c.detail.find("update 1 b: rank 2 holds other values than rank 0, 1"), std::string::npos) << c.detail;
+  for (auto& u : run)  // one holder per tensor: nothing to compare
+    u.ranks.resize(1);
+  EXPECT_EQ(check_replicas_agree(run).verdict, Verdict::Skip);
+}

@@ -101,8 +101,12 @@ std::string report_markdown(const Report& r) {
   o << "# gradcert conformance report\n\n"
     << "Verdict: **" << (r.passed() ? "pass" : "FAIL") << "**  \n"
     << "torch " << e.torch << " · " << e.device << " · launcher " << e.launcher << " · seed " << e.seed << " · git "
-    << e.git << " · " << e.started << "\n\n"
-    << "| run | check | figure | tolerance | verdict | detail |\n|---|---|---|---|---|---|\n";
+    << e.git << " · " << e.started << "\n\n";
+  for (const auto& run : r.runs)
+    if (!run.checked_from.empty())
+      o << "Checked again from the run folder `" << run.checked_from
+        << "` (`gradcert check`): no rank was launched; the reference was recomputed.\n\n";
+  o << "| run | check | figure | tolerance | verdict | detail |\n|---|---|---|---|---|---|\n";
   for (const auto& run : r.runs) {
     if (!run.error.empty()) {
       o << "| " << run_label(run) << " | run | - | - | **error** | " << first_line(run.error) << " |\n";

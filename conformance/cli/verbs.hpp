@@ -1,4 +1,4 @@
-// The gradcert command's verbs: one file each (run, plan, certify, audit, info, worker,
+// The gradcert command's verbs: one file each (run, check, plan, certify, audit, info, worker,
 // estimate); main.cpp only dispatches. Shared option parsing and exit codes live here.
 #pragma once
 #include <functional>
@@ -45,6 +45,8 @@ std::string report_dir(const CommonOptions& o);
 int finish(const Report& report, const std::string& dir);
 
 Verb add_run_verb(CLI::App& app, CommonOptions& o);
+/// `gradcert check RUN_DIR`: a run folder's artifacts checked again, no rank launched.
+Verb add_check_verb(CLI::App& app, CommonOptions& o);
 Verb add_plan_verb(CLI::App& app, CommonOptions& o);
 Verb add_certify_verb(CLI::App& app, CommonOptions& o);
 Verb add_audit_verb(CLI::App& app, CommonOptions& o);

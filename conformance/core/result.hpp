@@ -90,6 +90,8 @@ struct RunReport {
   std::string error;      ///< set when the run itself failed (names the rank)
   int interrupted = 0;    ///< SIGINT / SIGTERM stopped this run (NOTE [interrupt] in the launcher); 0 otherwise
   std::string run_dir;
+  /// `gradcert check`: the run folder whose artifacts were checked again (no rank launched); "" for a run.
+  std::string checked_from;
   double wall_seconds = 0;
   /// Built-in backends: the estimate, measured model state and phase peaks (memory.* checks).
   bool has_memory = false;

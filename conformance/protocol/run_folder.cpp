@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <random>
+#include <set>
 #include <stdexcept>
 
 #include <nlohmann/json.hpp>
@@ -76,6 +77,67 @@ std::string run_folder_nonce(const std::string& dir) {
       !j["nonce"].is_string() || j["nonce"].get<std::string>().empty())
     throw ArtifactError(path + ": not a gradcert run-folder marker");
   return j["nonce"].get<std::string>();
+}
+
+// NOTE [run record] A run folder says everything `gradcert check` needs to judge it again
+// without launching anything: spec.json, plan.json and the artifacts, plus run.json, written
+// by the harness before the launch: the backend, the topology it ran at, the launcher, the
+// planted bug, the sampler audit, the external command and the nonce the artifacts must
+// echo. A folder without it (or from before it) is refused, never guessed at.
+void write_run_record(const std::string& dir, const RunRecord& r) {
+  const nlohmann::json j = {{"schema", "gradcert.run/1"}, {"backend", r.backend},    {"world", r.world},
+                            {"tp", r.tp},                 {"pp", r.pp},              {"launcher", r.launcher},
+                            {"inject", r.inject},         {"sampler_audit", r.sampler_audit},
+                            {"command", r.command},       {"nonce", r.nonce}};
+  write_file_atomic(dir + "/" + kRunRecordFile, j.dump(1) + "\n");
+}
+
+RunRecord read_run_record(const std::string& dir) {
+  const std::string path = dir + "/" + kRunRecordFile;
+  const nlohmann::json j = parse_artifact_json(read_text_file(path), path);
+  auto fail = [&](const std::string& what) -> void { throw ArtifactError(path + ": " + what); };
+  if (!j.is_object()) fail("expected a JSON object, got " + json_excerpt(j));
+  auto at = [&](const char* key) -> const nlohmann::json& {
+    if (!j.contains(key)) fail(std::string("field '") + key + "' is missing");
+    return j.at(key);
+  };
+  auto text = [&](const char* key) {
+    const auto& v = at(key);
+    if (!v.is_string()) fail(std::string("field '") + key + "' must be a string, got " + json_excerpt(v));
+    return v.get<std::string>();
+  };
+  auto count = [&](const char* key) {
+    const auto& v = at(key);
+    if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > 1 << 20)
+      fail(std::string("field '") + key + "' must be an integer >= 1, got " + json_excerpt(v));
+    return static_cast<int>(v.get<int64_t>());
+  };
+  for (auto it = j.begin(); it != j.end(); ++it)
+    if (!std::set<std::string>{"schema", "backend", "world", "tp", "pp", "launcher", "inject", "sampler_audit",
+                               "command", "nonce"}
+             .count(it.key()))
+      fail("unknown field '" + it.key() + "'");
+  if (text("schema") != "gradcert.run/1")
+    fail("field 'schema' must be \"gradcert.run/1\", got " + json_excerpt(at("schema")));
+  RunRecord r;
+  r.backend = text("backend");
+  if (r.backend.empty()) fail("field 'backend' is empty");
+  r.world = count("world");
+  r.tp = count("tp");
+  r.pp = count("pp");
+  if (r.world % (r.tp * r.pp) != 0)
+    fail("world " + std::to_string(r.world) + " is not a multiple of tp x pp = " + std::to_string(r.tp * r.pp));
+  r.launcher = text("launcher");
+  if (r.launcher != "local" && r.launcher != "mpirun")
+    fail("field 'launcher' must be \"local\" or \"mpirun\", got " + json_excerpt(at("launcher")));
+  r.inject = text("inject");
+  if (!at("sampler_audit").is_boolean())
+    fail("field 'sampler_audit' must be true or false, got " + json_excerpt(at("sampler_audit")));
+  r.sampler_audit = at("sampler_audit").get<bool>();
+  r.command = text("command");
+  r.nonce = text("nonce");
+  if (r.nonce.empty()) fail("field 'nonce' is empty");
+  return r;
 }
 
 }  // namespace gradcert

@@ -23,4 +23,24 @@ std::string run_folder_nonce(const std::string& dir);
 /// A fresh random nonce: 32 lowercase hex digits.
 std::string make_run_nonce();
 
+/// The file that says what a run folder is the run of: <dir>/run.json (NOTE [run record]).
+constexpr const char* kRunRecordFile = "run.json";
+
+/// What `gradcert check` needs to re-check a run folder beyond its spec, plan and artifacts.
+struct RunRecord {
+  std::string backend;           ///< built-in name, or "external"
+  int world = 0, tp = 1, pp = 1; ///< the run's resolved topology (dp = world / (tp x pp))
+  std::string launcher = "local";  ///< "local" | "mpirun"
+  std::string inject;            ///< the planted bug, "" for none
+  bool sampler_audit = false;    ///< external: the stack sampled on its own
+  std::string command;           ///< external: the command that ran the stack ("" otherwise)
+  std::string nonce;             ///< the run's nonce (NOTE [run nonce])
+};
+
+/// Writes <dir>/run.json (schema "gradcert.run/1").
+void write_run_record(const std::string& dir, const RunRecord& record);
+/// Reads <dir>/run.json strictly: every field present and of its type, world >= 1, tp, pp
+/// >= 1 dividing it, a non-empty nonce. Throws ArtifactError naming the file and the field.
+RunRecord read_run_record(const std::string& dir);
+
 }  // namespace gradcert

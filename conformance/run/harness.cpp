@@ -31,6 +31,7 @@
 #include "conformance/model/model.hpp"
 #include "conformance/model/reference.hpp"
 #include "conformance/core/throughput.hpp"
+#include "conformance/core/strict_json.hpp"
 
 namespace gradcert {
 
@@ -97,15 +98,19 @@ std::string stack_traceback(const std::string& log) {
   return "\n--- the stack's first traceback (" + log + ") ---\n" + tb;
 }
 
-void write_external_inputs(const Spec& spec, const std::string& dir) {
+// dataset.json: the spec's examples for an external stack (backends/PROTOCOL.md).
+nlohmann::json external_dataset(const Spec& spec) {
   nlohmann::json samples = nlohmann::json::array();
   for (int64_t id = 0; id < spec.dataset.size; ++id) {
     const Sample s = make_sample(spec, id);
     samples.push_back({{"id", id}, {"tokens", s.tokens}, {"labels", s.labels}});
   }
-  nlohmann::json j = {{"schema", "gradcert.dataset/1"}, {"ignore_index", kIgnoreIndex}, {"pad_token", kPadToken},
-                      {"samples", samples}};
-  write_file_atomic(dir + "/dataset.json", j.dump());
+  return {{"schema", "gradcert.dataset/1"}, {"ignore_index", kIgnoreIndex}, {"pad_token", kPadToken},
+          {"samples", samples}};
+}
+
+void write_external_inputs(const Spec& spec, const std::string& dir) {
+  write_file_atomic(dir + "/dataset.json", external_dataset(spec).dump());
   write_safetensors(dir + "/initial.safetensors", initial_params(spec), {{"schema", "gradcert.initial/1"}});
 }
 
@@ -164,30 +169,27 @@ RunMemoryEvidence add_memory_and_throughput(RunReport& report, const Spec& spec,
   return evidence;
 }
 
-}  // namespace
-
-RunReport run_backend(const RunRequest& req) {
-  const auto t0 = std::chrono::steady_clock::now();
-  const Spec spec = effective_spec(req);
-  const Plan plan = make_plan(spec);
-  const int world = plan.world();
-  const bool external = req.backend == kExternalBackend;
-  if (external) {
+// Bad input the run (or the check of its folder) refuses before anything runs: throws
+// std::invalid_argument naming the option.
+void validate_request(const RunRequest& req, const Spec& spec, const Plan& plan) {
+  if (req.backend == kExternalBackend) {
     if (req.command.empty()) throw std::invalid_argument("--backend external needs --command \"<launch command>\"");
     if (!req.inject.empty()) throw std::invalid_argument("--inject applies to built-in backends only");
-  } else {
-    if (req.sampler_audit) throw std::invalid_argument("--sampler-audit applies to --backend external only");
-    if (!spec.model.factory.empty())
-      throw std::invalid_argument("model.factory (--model) applies to --backend external: the built-in backends train "
-                                  "gradcert's tiny LM");
-    if (spec.optimizer.max_grad_norm > 0)
-      throw std::invalid_argument("optimizer.max_grad_norm applies to --backend external: the built-in backends do "
-                                  "not clip");
-    auto backend = make_backend(req.backend);
-    backend->validate(plan, world, parse_mutant(req.inject));
-    backend->validate_model(spec.model, plan);
+    return;
   }
+  if (req.sampler_audit) throw std::invalid_argument("--sampler-audit applies to --backend external only");
+  if (!spec.model.factory.empty())
+    throw std::invalid_argument("model.factory (--model) applies to --backend external: the built-in backends train "
+                                "gradcert's tiny LM");
+  if (spec.optimizer.max_grad_norm > 0)
+    throw std::invalid_argument("optimizer.max_grad_norm applies to --backend external: the built-in backends do "
+                                "not clip");
+  auto backend = make_backend(req.backend);
+  backend->validate(plan, plan.world(), parse_mutant(req.inject));
+  backend->validate_model(spec.model, plan);
+}
 
+RunReport report_of(const RunRequest& req, const Spec& spec, const Plan& plan) {
   RunReport report;
   report.backend = req.backend;
   report.topology = spec.topology;
@@ -197,10 +199,125 @@ RunReport run_backend(const RunRequest& req) {
   report.updates = static_cast<int>(plan.windows.size());
   report.update_batch = plan.update_batch;
   report.run_dir = req.run_dir;
+  return report;
+}
 
+// NOTE [checking a run folder] What follows the launch, and all `gradcert check` does: read
+// the artifacts in req.run_dir strictly (they must echo `nonce`), recompute the reference
+// (the C++ one, or the Python runner for a model factory or clipping, writing its artifacts
+// and log under `work_dir`), run the checks, the diagnosis and the memory / throughput
+// figures into `report`. Nothing here launches a rank, so `run` and `check` agree by
+// construction. Bad artifacts and a failed reference runner set report.error.
+void check_artifacts(RunReport& report, const RunRequest& req, const Spec& spec, const Plan& plan,
+                     const std::string& nonce, const std::string& work_dir) {
+  if (const int sig = interrupt_signal()) {  // NOTE [interrupt]: between the launch and the checks
+    report.interrupted = sig;
+    report.error = "interrupted by " + signal_text(sig) + " before the artifacts were read";
+    return;
+  }
+  try {
+    const TensorMap shapes = spec.model.factory.empty() ? initial_params(spec)
+                                                        : read_safetensors(req.run_dir + "/initial.safetensors");
+    const auto artifacts = read_run(req.run_dir, plan, plan.world(), shapes, spec.dtype, nonce);
+    // NOTE [sampler audit] The ledger and update size are checked against the plan (so a
+    // duplicated or dropped example is a finding); the gradients against a reference over
+    // the ids the stack really consumed (so the gradient math is judged on its own data).
+    std::vector<ReferenceUpdate> reference;
+    if (needs_python_reference(spec)) {
+      const std::string ref_dir = work_dir + "/reference";
+      // The spec's factory, which `check --spec` may move (the runner's default is plan.json's).
+      const std::string factory = spec.model.factory.empty() ? "" : " --factory '" + spec.model.factory + "'";
+      // The pieces are taken at the stack's own parameters (NOTE [pieces at the stack's
+      // parameters]): the diagnosis then judges every update, diverged or not.
+      run_python_tool(spec, "reference", "--run-dir '" + req.run_dir + "' --out '" + ref_dir + "'" + factory +
+                                             (req.sampler_audit ? " --ids-from-ranks" : "") + " --pieces-at '" +
+                                             req.run_dir + "'",
+                      work_dir, "reference-log");
+      ReferenceRun ref = read_reference_run(ref_dir, plan, shapes);
+      reference = std::move(ref.updates);
+      report.diagnosis = diagnose(ref.pieces, reference, artifacts, plan.dp, plan.accum, spec.parity_tolerance(),
+                                  ref.pieces_at_stack);
+      if (!ref.float64_throughout)
+        report.diagnosis.note += "; NOTE: the model computes in lower precision inside although cast to float64 (" +
+                                 ref.precision_note + ")";
+    } else {
+      reference = run_reference(spec, req.sampler_audit ? plan_from_consumed(spec, plan, artifacts) : plan);
+      report.diagnosis.note = "no diagnosis: the C++ reference computes no per-piece gradients (run with --model)";
+    }
+    CheckInput input;
+    input.plan = &plan;
+    input.dataset_size = spec.dataset.size;
+    input.reference = &reference;
+    input.run = &artifacts;
+    input.tolerance = spec.parity_tolerance();
+    input.scale_tolerance = spec.scale_tolerance();
+    std::vector<int64_t> targets_of_id(spec.dataset.size);
+    for (int64_t id = 0; id < spec.dataset.size; ++id) targets_of_id[id] = make_sample(spec, id).valid_targets();
+    input.targets_of_id = &targets_of_id;
+    RunMemoryEvidence memory;
+    if (req.backend == kExternalBackend) {
+      add_throughput(report, plan, artifacts);  // memory: the protocol has no memory file (v1)
+    } else {
+      memory = add_memory_and_throughput(report, spec, plan, req.run_dir, artifacts);
+      input.memory = &memory;
+    }
+    report.checks = run_checks(input);
+    report.tensor_errors = tensor_errors(reference, artifacts);  // per-tensor figures (HTML report)
+  } catch (const ArtifactError& e) {
+    report.error = std::string("bad artifacts: ") + e.what();
+  } catch (const std::runtime_error& e) {  // the reference runner failed
+    report.error = e.what();
+  }
+}
+
+// The first place two JSON values differ ("windows[3].slots"), "" when they are equal.
+std::string first_difference(const nlohmann::json& a, const nlohmann::json& b, const std::string& at) {
+  if (a.is_number() && b.is_number()) return a == b ? "" : at;  // 3 parsed (unsigned) == int64_t 3
+  if (a.type() != b.type()) return at.empty() ? "the top level" : at;
+  if (a.is_object()) {
+    for (auto it = a.begin(); it != a.end(); ++it) {
+      const std::string key = at.empty() ? it.key() : at + "." + it.key();
+      if (!b.contains(it.key())) return key;
+      if (auto d = first_difference(it.value(), b.at(it.key()), key); !d.empty()) return d;
+    }
+    for (auto it = b.begin(); it != b.end(); ++it)
+      if (!a.contains(it.key())) return at.empty() ? it.key() : at + "." + it.key();
+    return "";
+  }
+  if (a.is_array()) {
+    for (size_t i = 0; i < std::min(a.size(), b.size()); ++i)
+      if (auto d = first_difference(a[i], b[i], at + "[" + std::to_string(i) + "]"); !d.empty()) return d;
+    return a.size() == b.size() ? "" : at + " (length)";
+  }
+  return a == b ? "" : (at.empty() ? "the top level" : at);
+}
+
+// A run folder's input file must be what the spec makes (the stack consumed it): throws
+// ArtifactError naming the file and the first difference.
+void expect_input_file(const std::string& path, nlohmann::json expected, bool ignore_spec, const std::string& what) {
+  nlohmann::json got = parse_artifact_json(read_text_file(path), path);
+  if (ignore_spec && got.is_object() && expected.is_object()) got.erase("spec"), expected.erase("spec");
+  if (const auto d = first_difference(got, expected, ""); !d.empty())
+    throw ArtifactError(path + ": differs from the " + what + " the spec makes, at " + d);
+}
+
+}  // namespace
+
+RunReport run_backend(const RunRequest& req) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const Spec spec = effective_spec(req);
+  const Plan plan = make_plan(spec);
+  const int world = plan.world();
+  const bool external = req.backend == kExternalBackend;
+  validate_request(req, spec, plan);
+
+  RunReport report = report_of(req, spec, plan);
   const std::string nonce = prepare_run_folder(req.run_dir);  // NOTE [run nonce]
   write_file_atomic(req.run_dir + "/spec.json", spec_to_json(spec));
   write_file_atomic(req.run_dir + "/plan.json", plan_to_json(plan, spec));
+  write_run_record(req.run_dir, {req.backend, world, spec.topology.tp, spec.topology.pp,
+                                 req.launcher == LauncherKind::Mpirun ? "mpirun" : "local", req.inject,
+                                 req.sampler_audit, external ? req.command : "", nonce});  // NOTE [run record]
 
   // NOTE [store] The harness serves the ranks' c10d TCPStore itself, on a port the kernel
   // picks (port 0), for the life of the run: no rank has to win a race for a "free" port
@@ -258,66 +375,60 @@ RunReport run_backend(const RunRequest& req) {
         if (auto at = report.error.find(from); at != std::string::npos) report.error.replace(at, from.size(), to);
       report.error += stack_traceback(req.run_dir + "/rank0.log");
     }
-  } else if (const int sig = interrupt_signal()) {  // NOTE [interrupt]: between the launch and the checks
-    report.interrupted = sig;
-    report.error = "interrupted by " + signal_text(sig) + " before the artifacts were read";
   } else {
-    try {
-      const TensorMap shapes = spec.model.factory.empty()
-                                   ? initial_params(spec)
-                                   : read_safetensors(req.run_dir + "/initial.safetensors");
-      const auto artifacts = read_run(req.run_dir, plan, world, shapes, spec.dtype, nonce);
-      // NOTE [sampler audit] The ledger and update size are checked against the plan (so a
-      // duplicated or dropped example is a finding); the gradients against a reference over
-      // the ids the stack really consumed (so the gradient math is judged on its own data).
-      std::vector<ReferenceUpdate> reference;
-      if (needs_python_reference(spec)) {
-        const std::string ref_dir = req.run_dir + "/reference";
-        // The pieces are taken at the stack's own parameters (NOTE [pieces at the stack's
-        // parameters]): the diagnosis then judges every update, diverged or not.
-        run_python_tool(spec, "reference", "--run-dir '" + req.run_dir + "' --out '" + ref_dir + "'" +
-                                               (req.sampler_audit ? " --ids-from-ranks" : "") + " --pieces-at '" +
-                                               req.run_dir + "'",
-                        req.run_dir, "reference-log");
-        ReferenceRun ref = read_reference_run(ref_dir, plan, shapes);
-        reference = std::move(ref.updates);
-        report.diagnosis = diagnose(ref.pieces, reference, artifacts, plan.dp, plan.accum, spec.parity_tolerance(),
-                                    ref.pieces_at_stack);
-        if (!ref.float64_throughout)
-          report.diagnosis.note += "; NOTE: the model computes in lower precision inside although cast to float64 (" +
-                                   ref.precision_note + ")";
-      } else {
-        reference = run_reference(spec, req.sampler_audit ? plan_from_consumed(spec, plan, artifacts) : plan);
-        report.diagnosis.note = "no diagnosis: the C++ reference computes no per-piece gradients (run with --model)";
-      }
-      CheckInput input;
-      input.plan = &plan;
-      input.dataset_size = spec.dataset.size;
-      input.reference = &reference;
-      input.run = &artifacts;
-      input.tolerance = spec.parity_tolerance();
-      input.scale_tolerance = spec.scale_tolerance();
-      std::vector<int64_t> targets_of_id(spec.dataset.size);
-      for (int64_t id = 0; id < spec.dataset.size; ++id) targets_of_id[id] = make_sample(spec, id).valid_targets();
-      input.targets_of_id = &targets_of_id;
-      RunMemoryEvidence memory;
-      if (external) {
-        add_throughput(report, plan, artifacts);  // memory: the protocol has no memory file (v1)
-      } else {
-        memory = add_memory_and_throughput(report, spec, plan, req.run_dir, artifacts);
-        input.memory = &memory;
-      }
-      report.checks = run_checks(input);
-      report.tensor_errors = tensor_errors(reference, artifacts);  // per-tensor figures (HTML report)
-    } catch (const ArtifactError& e) {
-      report.error = std::string("bad artifacts: ") + e.what();
-    } catch (const std::runtime_error& e) {  // the reference runner failed
-      report.error = e.what();
-    }
+    check_artifacts(report, req, spec, plan, nonce, req.run_dir);
   }
   if (!report.interrupted) report.interrupted = interrupt_signal();
   report.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return report;
+}
+
+CheckedRun check_run(const CheckRequest& c) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string& dir = c.run_dir;
+  std::error_code ec;
+  if (!fs::is_directory(fs::symlink_status(dir, ec)))
+    throw std::invalid_argument(dir + ": not a run folder (no such folder, or not a folder)");
+  const RunRecord rec = read_run_record(dir);
+  if (const std::string marker = dir + "/" + kRunFolderMarker; fs::exists(fs::symlink_status(marker, ec)))
+    if (run_folder_nonce(dir) != rec.nonce)
+      throw ArtifactError(dir + "/" + kRunRecordFile + ": field 'nonce' is not the run folder's (" + marker +
+                          "): a run.json from another run?");
+  RunRequest req;
+  const std::string spec_path = c.spec_path.empty() ? dir + "/spec.json" : c.spec_path;
+  try {
+    req.spec = load_spec(spec_path);
+  } catch (const SpecError& e) {
+    throw std::invalid_argument(spec_path + ": " + e.what());
+  }
+  req.backend = rec.backend;
+  req.world = rec.world;
+  req.tp = rec.tp;
+  req.pp = rec.pp;
+  req.launcher = rec.launcher == "mpirun" ? LauncherKind::Mpirun : LauncherKind::Local;
+  req.inject = rec.inject;
+  req.sampler_audit = rec.sampler_audit;
+  req.command = rec.command;
+  req.run_dir = dir;
+  const Spec spec = effective_spec(req);
+  const Plan plan = make_plan(spec);
+  validate_request(req, spec, plan);
+  // The inputs the ranks consumed are the spec's (with --spec, only the plan's windows count).
+  expect_input_file(dir + "/plan.json", nlohmann::json::parse(plan_to_json(plan, spec)), !c.spec_path.empty(),
+                    "plan");
+  if (req.backend == kExternalBackend)
+    expect_input_file(dir + "/dataset.json", external_dataset(spec), false, "dataset");
+
+  RunReport report = report_of(req, spec, plan);
+  report.checked_from = dir;
+  if (needs_python_reference(spec)) {  // the runner's artifacts and log: never into the run folder
+    fs::create_directories(c.work_dir, ec);
+    if (ec) throw std::invalid_argument(c.work_dir + ": cannot create: " + ec.message());
+  }
+  check_artifacts(report, req, spec, plan, rec.nonce, c.work_dir);
+  if (!report.interrupted) report.interrupted = interrupt_signal();
+  report.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return {spec, req.launcher, std::move(report)};
 }
 
 std::string self_exe() {

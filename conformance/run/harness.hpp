@@ -1,4 +1,5 @@
-// The harness: plan -> reference -> launched backend ranks -> artifacts -> checks.
+// The harness: plan -> reference -> launched backend ranks -> artifacts -> checks, and the
+// same checks again on a run folder's artifacts (check_run).
 #pragma once
 #include <string>
 
@@ -32,6 +33,27 @@ Spec effective_spec(const RunRequest& request);
 /// (a rank died, hung, or wrote bad artifacts) does not throw: RunReport::error says
 /// what happened and names the rank or file.
 RunReport run_backend(const RunRequest& request);
+
+/// A run folder to check again (`gradcert check`).
+struct CheckRequest {
+  std::string run_dir;    ///< a folder `gradcert run` made: run.json, spec.json, plan.json, the artifacts
+  std::string spec_path;  ///< "" = the folder's spec.json; otherwise a spec whose plan must be the run's
+  std::string work_dir;   ///< created; receives the Python reference's artifacts and log (never the run folder)
+};
+
+/// Checks the artifacts already in a run folder without launching anything: the run's
+/// backend, topology, planted bug and nonce come from its run.json (NOTE [run record]), the
+/// reference is recomputed, and the checks, diagnosis and memory / throughput figures are
+/// those `run_backend` computes (NOTE [checking a run folder]); the report says
+/// checked_from. A folder that is not a run's, an unknown backend, or a plan.json /
+/// dataset.json the spec does not make throws (std::invalid_argument, SpecError or
+/// ArtifactError naming the file); missing or bad artifacts set RunReport::error naming the file.
+struct CheckedRun {
+  Spec spec;  ///< the spec the run was checked on (its topology applied)
+  LauncherKind launcher = LauncherKind::Local;  ///< the run's
+  RunReport report;
+};
+CheckedRun check_run(const CheckRequest& request);
 
 /// The environment section: torch version, git commit, host, time.
 Environment make_environment(uint64_t seed, int world, LauncherKind launcher);

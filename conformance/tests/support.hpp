@@ -1,6 +1,10 @@
 // Helpers the test files share.
 #pragma once
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <array>
+#include <cstdio>
 
 #include <filesystem>
 #include <string>
@@ -28,6 +32,28 @@ inline std::string failures(const RunReport& r) {
   for (const auto& c : r.checks)
     if (c.verdict != Verdict::Pass) s += "\n" + c.id + " " + verdict_name(c.verdict) + ": " + c.detail;
   return s;
+}
+
+/// What `gradcert ARGS` did: its exit code (-1 when it did not exit), whether a signal
+/// ended it, and its stdout and stderr together.
+struct CliResult {
+  int code = -1;
+  bool signaled = false;
+  std::string out;
+};
+
+/// Runs the gradcert executable (GRADCERT_EXE) with `args` (shell words) and waits for it.
+inline CliResult run_cli(const std::string& args) {
+  CliResult c;
+  const std::string cmd = std::string(GRADCERT_EXE) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return c;
+  std::array<char, 4096> buf{};
+  while (size_t n = fread(buf.data(), 1, buf.size(), p)) c.out.append(buf.data(), n);
+  const int status = pclose(p);
+  c.signaled = WIFSIGNALED(status);
+  c.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return c;
 }
 
 }  // namespace gradcert::test

@@ -241,20 +241,7 @@ TEST(ConformanceBadInput, TopologyAndBackendErrorsAreNamed) {
 
 namespace {
 
-struct Cli {
-  int code;
-  std::string out;
-};
-
-Cli run_cli(const std::string& args) {
-  const std::string cmd = std::string(GRADCERT_EXE) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-  const int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+using test::run_cli;
 
 std::string write_spec(const std::string& dir, const std::string& json) {
   const std::string path = dir + "/spec.json";

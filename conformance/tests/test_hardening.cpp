@@ -48,24 +48,8 @@ RunRequest fake_request(const std::string& mode, const std::string& run_dir) {
   return r;
 }
 
-struct Cli {
-  int code = -1;
-  bool signaled = false;
-  std::string out;
-};
-
-Cli run_cli(const std::string& args) {
-  Cli c;
-  const std::string cmd = std::string(GRADCERT_EXE) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return c;
-  std::array<char, 4096> buf{};
-  while (size_t n = fread(buf.data(), 1, buf.size(), p)) c.out.append(buf.data(), n);
-  const int status = pclose(p);
-  c.signaled = WIFSIGNALED(status);
-  c.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return c;
-}
+using Cli = test::CliResult;
+using test::run_cli;
 
 std::string nested(int depth) { return std::string(depth, '[') + "1" + std::string(depth, ']'); }
 

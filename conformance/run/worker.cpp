@@ -25,7 +25,7 @@ namespace gradcert {
 
 namespace {
 
-// NOTE [replica digests]: FNV-1a (64 bit) over the tensor's dtype, shape and exact bytes.
+// The digest of NOTE [replica digests]: FNV-1a (64 bit) over the tensor's dtype, shape and exact bytes.
 // Only compared between ranks of one run (the same code on every rank), never across
 // implementations, so any exact digest serves; a different value is a different tensor.
 std::string tensor_digest(const torch::Tensor& t) {

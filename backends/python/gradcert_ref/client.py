@@ -353,7 +353,7 @@ def write_tensors(path: str, tensors: dict, dtype: torch.dtype, update: int | No
 
 
 def tensor_digest(t: torch.Tensor) -> str:
-    """NOTE [replica digests] (conformance/protocol/artifacts.hpp): a digest of the tensor's
+    """(NOTE [replica digests], conformance/protocol/artifacts.hpp) A digest of the tensor's
     dtype, shape and exact bytes; ranks holding the same tensor must report the same one."""
     import hashlib
 
@@ -429,7 +429,7 @@ class ArtifactWriter:
         rec = {"update": update, "consumed": consumed, "loss_sum": loss_sum_r}
         if targets_r is not None:
             rec["valid_targets"] = targets_r
-        if replicas:  # NOTE [replica digests]: what this rank holds whole, after the step
+        if replicas:  # see NOTE [replica digests]: what this rank holds whole, after the step
             rec["replicas"] = replicas
         self.rank_updates.append(rec)
         gname, pname = f"u{update}.grads.safetensors", f"u{update}.params.safetensors"

@@ -273,7 +273,7 @@ class Shim:
         else:
             P = {n: p.detach().to("cpu") for n, p in params.items()}
             step_seconds = max(0.0, t - self._t0 - self._excluded)
-            # NOTE [replica digests]: a shim whose stack keeps a whole replica on every rank
+            # (NOTE [replica digests]) A shim whose stack keeps a whole replica on every rank
             # (replicated = True: DDP under HF / accelerate / Lightning) digests it after each step.
             self.writer.record(u, self._consumed, self.S_r, None, self.pending_loss, self.N_seen, step_seconds,
                                self._grads, P, extra={"stack_loss": self.stack_loss},

@@ -176,7 +176,7 @@ TEST(StackFindings, AMissingReportIsAnErrorNeverAPass) {
   EXPECT_NE(f[0].reason.find("report.json"), std::string::npos) << f[0].reason;
 }
 
-// NOTE [replica digests]: ranks holding the same tensor must agree; the minority is named.
+// (NOTE [replica digests]) Ranks holding the same tensor must agree; the minority is named.
 TEST(ReplicasAgree, TheDivergedRankAndTheFirstUpdateAreNamed) {
   std::vector<BackendUpdate> run(3);
   for (int u = 0; u < 3; ++u)

@@ -206,8 +206,11 @@ CheckResult check_window_count(const std::vector<ReferenceUpdate>& ref, const st
   return exact(id, worst, detail);
 }
 
-CheckResult check_replicas_agree(const std::vector<BackendUpdate>& run) {
+CheckResult check_replicas_agree(const std::vector<BackendUpdate>& run, size_t expected_updates) {
   const std::string id = "replicas.agree";
+  if (run.size() != expected_updates)
+    return {id, Verdict::Fail, std::numeric_limits<double>::infinity(), 0,
+            std::to_string(run.size()) + " updates reported, the plan has " + std::to_string(expected_updates)};
   int64_t compared = 0, wrong = 0;
   std::string detail;
   for (size_t u = 0; u < run.size(); ++u) {
@@ -453,7 +456,7 @@ const std::vector<CheckEntry>& check_table() {
       {"params.parity", "per tensor, after every update, relative L2 error of the parameters", always,
        [](const CheckInput& in) { return check_params_parity(*in.reference, *in.run, in.tolerance); }},
       {"replicas.agree", "every tensor several ranks hold is identical on all of them after every update", always,
-       [](const CheckInput& in) { return check_replicas_agree(*in.run); }},
+       [](const CheckInput& in) { return check_replicas_agree(*in.run, in.plan->windows.size()); }},
       {"memory.lower_bound", "each rank's model state >= the estimate for that rank, and at most 2% above it",
        with_memory, memory_lower_bound},
       {"memory.budget", "every peak (rank x phase x length bucket) <= memory.budget_bytes", with_memory,

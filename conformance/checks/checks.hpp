@@ -21,7 +21,8 @@ CheckResult check_window_count(const std::vector<ReferenceUpdate>& ref, const st
 /// replicas.agree: every tensor two or more ranks report a digest of (NOTE [replica digests])
 /// is the same on all of them after every update; names the first update, tensor and the
 /// rank(s) that differ from the majority. Skip when no tensor is reported by two ranks.
-CheckResult check_replicas_agree(const std::vector<BackendUpdate>& run);
+/// A run with another number of updates than `expected_updates` fails (an update not seen).
+CheckResult check_replicas_agree(const std::vector<BackendUpdate>& run, size_t expected_updates);
 /// The backend's loss is the global token mean. Figure: largest relative error.
 CheckResult check_global_mean_loss(const std::vector<ReferenceUpdate>& ref, const std::vector<BackendUpdate>& run,
                                    double tolerance);

@@ -53,6 +53,7 @@ struct Fixture {
         RankRecord rr;
         rr.rank = rank;
         rr.dp_rank = rank;
+        rr.replicas = {{"a.weight", "d0" + std::to_string(w.update)}, {"b.bias", "d1"}};  // identical replicas
         for (const auto& mb : w.slots[rank]) rr.consumed.push_back(mb.ids);
         b.ranks.push_back(rr);
       }

@@ -187,14 +187,15 @@ TEST(ReplicasAgree, TheDivergedRankAndTheFirstUpdateAreNamed) {
       rr.replicas["b"] = "bb";
       run[u].ranks.push_back(rr);
     }
-  EXPECT_EQ(check_replicas_agree(run).verdict, Verdict::Pass);
+  EXPECT_EQ(check_replicas_agree(run, 3).verdict, Verdict::Pass);
+  EXPECT_EQ(check_replicas_agree(run, 4).verdict, Verdict::Fail);  // an update not seen
   run[2].ranks[1].replicas["w"] = "zz";
   run[1].ranks[2].replicas["b"] = "yy";
-  const CheckResult c = check_replicas_agree(run);
+  const CheckResult c = check_replicas_agree(run, 3);
   EXPECT_EQ(c.verdict, Verdict::Fail);
   EXPECT_EQ(c.figure, 2);
   EXPECT_NE(c.detail.find("update 1 b: rank 2 holds other values than rank 0, 1"), std::string::npos) << c.detail;
   for (auto& u : run)  // one holder per tensor: nothing to compare
     u.ranks.resize(1);
-  EXPECT_EQ(check_replicas_agree(run).verdict, Verdict::Skip);
+  EXPECT_EQ(check_replicas_agree(run, 3).verdict, Verdict::Skip);
 }

@@ -51,7 +51,7 @@ void excerpt(const json& v, std::string& out, size_t cap, int depth) {
     for (auto it = v.begin(); it != v.end() && out.size() <= cap; ++it) {
       if (!first) out += ',';
       first = false;
-      if (obj) out += json(it.key().substr(0, cap)).dump() + ':';
+      if (obj) out += json(it.key().substr(0, cap)).dump(-1, ' ', false, json::error_handler_t::replace) + ':';
       excerpt(it.value(), out, cap, depth + 1);
     }
     out += obj ? '}' : ']';

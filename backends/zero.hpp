@@ -18,6 +18,9 @@ class ZeroState {
   /// The model's parameters and gradients as held, the master shard, the weight shard
   /// (stage 3), the gradient shard (stages 2-3) and the optimizer slots of the shard.
   NamedTensors state_tensors();
+  /// Stages 1-2: the all-gathered full parameters every rank holds (replicas.agree); stage 3
+  /// frees them after the step: none.
+  NamedTensors replica_params() { return stage_ < 3 ? replica_.replica_params() : NamedTensors{}; }
 
  private:
   void gather_params(RankContext& ctx);
@@ -47,6 +50,7 @@ class ZeroBackend : public Backend {
   void setup(RankContext& ctx) override { state_.setup(ctx); }
   RankUpdate run_update(RankContext& ctx, int update) override { return state_.run_update(ctx, update); }
   NamedTensors state_tensors() override { return state_.state_tensors(); }
+  NamedTensors replica_params() override { return state_.replica_params(); }
 
  private:
   int stage_;

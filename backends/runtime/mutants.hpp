@@ -29,7 +29,9 @@ struct StrategyTraits {
   bool reduce_scatter = false;   ///< gradients reduce-scattered into shards
   bool gathers_params = false;   ///< parameters sharded and all-gathered for compute
   bool tensor_parallel = false;  ///< TP ranks inside a replica
-  bool replica_digests = false;  ///< every rank digests the full replica it holds (replicas.agree)
+  /// Steps a full replica per rank through ReplicaState, which plants replica-drift (ddp;
+  /// ZeRO-1/2 also digest their gathered replicas for replicas.agree but step shards).
+  bool replica_digests = false;
 };
 
 /// One row of the mutant table.

@@ -136,13 +136,16 @@ INSTANTIATE_TEST_SUITE_P(
 
 // A replica that drifts at the last update (lr x 1.01 on DP rank 1) changes nothing rank 0
 // writes: every artifact check passes; only replicas.agree (NOTE [replica digests]) sees it,
-// and names the rank. The correct ddp run holds identical replicas on both ranks.
+// and names the rank. Correct ddp, zero1 and zero2 runs hold identical replicas on both
+// ranks (compared, not skipped).
 TEST(ConformanceReplicas, ADriftingReplicaIsCaughtOnlyByReplicasAgree) {
-  RunRequest ok = request("ddp", 2, 3, DType::Float64, "replicas_ok");
-  const RunReport good = run_backend(ok);
-  ASSERT_TRUE(good.error.empty()) << good.error;
-  for (const auto& c : good.checks)
-    if (c.id == "replicas.agree") EXPECT_EQ(c.verdict, Verdict::Pass) << c.detail;
+  for (const std::string backend : {"ddp", "zero1", "zero2"}) {
+    RunRequest ok = request(backend, 2, 3, DType::Float64, "replicas_ok_" + backend);
+    const RunReport good = run_backend(ok);
+    ASSERT_TRUE(good.error.empty()) << good.error;
+    for (const auto& c : good.checks)
+      if (c.id == "replicas.agree") EXPECT_EQ(c.verdict, Verdict::Pass) << backend << ": " << c.detail;
+  }
   RunRequest req = request("ddp", 2, 3, DType::Float64, "replicas_drift");
   req.inject = "replica-drift";
   const RunReport r = run_backend(req);

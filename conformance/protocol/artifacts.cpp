@@ -70,6 +70,8 @@ struct Fields {
       fail(std::string("field '") + key + "' is out of range: " + json_excerpt(v));
     return v.get<int64_t>();
   }
+  /// The field is JSON null (present: a missing field is still an error).
+  bool null(const char* key) const { return at(key).is_null(); }
   double number(const char* key) const {
     const json& v = at(key);
     if (!v.is_number()) fail(std::string("field '") + key + "' must be a number, got " + json_excerpt(v));
@@ -128,9 +130,9 @@ std::vector<ManifestEntry> parse_manifest_json(const std::string& text, const st
     e.scalars.update = static_cast<int>(f.integer("update"));
     if (e.scalars.update != static_cast<int>(u)) f.fail("update index " + std::to_string(e.scalars.update));
     // null: the stack exposes no such figure (NOTE [stack figures]); absent stays an error.
-    e.scalars.has_loss = !(ups[u].contains("loss") && ups[u].at("loss").is_null());
+    e.scalars.has_loss = !f.null("loss");
     if (e.scalars.has_loss) e.scalars.loss = f.number("loss");
-    e.scalars.has_valid_targets = !(ups[u].contains("valid_targets") && ups[u].at("valid_targets").is_null());
+    e.scalars.has_valid_targets = !f.null("valid_targets");
     if (e.scalars.has_valid_targets) e.scalars.valid_targets = f.integer("valid_targets", 0, INT64_MAX);
     e.scalars.step_seconds = f.number("step_seconds");
     for (auto [key, target] : {std::pair{"grads", &e.grads}, {"params", &e.params}}) {

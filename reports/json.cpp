@@ -18,8 +18,13 @@ using namespace reports;
 namespace {
 
 json check_json(const CheckResult& c) {
-  return {{"id", c.id}, {"verdict", verdict_name(c.verdict)}, {"figure", json_number(c.figure)},
-          {"tolerance", json_number(c.tolerance)}, {"detail", c.detail}};
+  json j = {{"id", c.id}, {"verdict", verdict_name(c.verdict)}, {"figure", json_number(c.figure)},
+            {"tolerance", json_number(c.tolerance)}, {"detail", c.detail}};
+  if (c.noise_floor >= 0) {  // NOTE [noise floor]: what the tolerance was set from
+    j["noise_floor"] = json_number(c.noise_floor);
+    j["floor_factor"] = json_number(c.floor_factor);
+  }
+  return j;
 }
 
 json checks_json(const RunReport& r) {

@@ -45,27 +45,30 @@ std::map<int, const RankRecord*> per_replica(const BackendUpdate& u) {
   return out;
 }
 
+// Per tensor and update: the relative L2 error of the gradient (grads) or the parameters,
+// update u held to tolerance[u]; the worst is the largest error / tolerance.
 CheckResult tensor_parity(const std::string& id, const std::vector<ReferenceUpdate>& ref,
-                          const std::vector<BackendUpdate>& run, double tolerance, bool grads) {
+                          const std::vector<BackendUpdate>& run, const std::vector<double>& tolerance, bool grads) {
   if (ref.size() != run.size()) return missing_updates(id, ref, run);
-  double worst = 0, worst_abs = 0;
+  double worst = 0, worst_abs = 0, worst_tol = tolerance.empty() ? 0 : tolerance.front(), worst_ratio = 0;
   bool first = true;
   std::string where = "no tensors";
   std::string nonfinite;  // the first tensor with NaN or inf values, said in the detail
   std::string first_fail;  // the first update and tensor beyond the tolerance, in model order
   for (size_t u = 0; u < ref.size(); ++u) {
+    const double tol = tolerance[u];
     const TensorMap& expected = grads ? ref[u].grads : ref[u].params_after;
     const TensorMap& observed = grads ? run[u].grads : run[u].params_after;
     for (const auto& [name, e] : expected) {
       auto it = observed.find(name);
       if (it == observed.end())
-        return {id, Verdict::Fail, std::numeric_limits<double>::infinity(), tolerance,
+        return {id, Verdict::Fail, std::numeric_limits<double>::infinity(), tol,
                 "update " + std::to_string(u) + ": tensor '" + name + "' missing from the backend's artifacts"};
       TensorError err;
       try {
         err = compare_tensors(it->second, e);
       } catch (const ArtifactError& ex) {
-        return {id, Verdict::Fail, std::numeric_limits<double>::infinity(), tolerance,
+        return {id, Verdict::Fail, std::numeric_limits<double>::infinity(), tol,
                 "update " + std::to_string(u) + ": " + ex.what()};
       }
       if (err.nonfinite > 0 && nonfinite.empty())
@@ -73,11 +76,14 @@ CheckResult tensor_parity(const std::string& id, const std::vector<ReferenceUpda
                     " in update " + std::to_string(u) + " " + name + ", first at flat index " +
                     std::to_string(err.first_nonfinite) + " (backend " + num(err.first_observed) + ", reference " +
                     num(err.first_expected) + ")";
-      if (first_fail.empty() && !(err.relative <= tolerance))
+      if (first_fail.empty() && !(err.relative <= tol))
         first_fail = "update " + std::to_string(u) + " " + name + " (rel L2 " + num(err.relative) + ")";
-      if (first || std::isnan(err.relative) || err.relative > worst) {
+      const double ratio = err.relative / tol;
+      if (first || std::isnan(err.relative) || ratio > worst_ratio) {
         worst = err.relative;
+        worst_ratio = ratio;
         worst_abs = err.max_abs;
+        worst_tol = tol;
         where = "update " + std::to_string(u) + " " + name;
         first = false;
         if (std::isnan(worst)) break;
@@ -86,14 +92,43 @@ CheckResult tensor_parity(const std::string& id, const std::vector<ReferenceUpda
     if (std::isnan(worst)) break;
     for (const auto& [name, o] : observed)
       if (!expected.count(name))
-        return {id, Verdict::Fail, std::numeric_limits<double>::infinity(), tolerance,
+        return {id, Verdict::Fail, std::numeric_limits<double>::infinity(), tol,
                 "update " + std::to_string(u) + ": unexpected tensor '" + name + "'"};
   }
-  const bool ok = worst <= tolerance;  // NaN fails
-  return {id, ok ? Verdict::Pass : Verdict::Fail, worst, tolerance,
+  const bool ok = worst <= worst_tol;  // NaN fails
+  return {id, ok ? Verdict::Pass : Verdict::Fail, worst, worst_tol,
           "worst " + where + ": rel L2 " + num(worst) + ", max abs " + num(worst_abs) +
               (!first_fail.empty() && first_fail.rfind(where + " ", 0) != 0 ? "; first failing " + first_fail : "") +
               nonfinite};
+}
+
+CheckResult tensor_parity(const std::string& id, const std::vector<ReferenceUpdate>& ref,
+                          const std::vector<BackendUpdate>& run, double tolerance, bool grads) {
+  return tensor_parity(id, ref, run, std::vector<double>(ref.size(), tolerance), grads);
+}
+
+// The tolerance a check is held to, from the reference's floors (NOTE [noise floor]).
+struct FloorTolerance {
+  double tolerance = 0;
+  double floor = -1;  ///< -1: the reference measured no floor
+};
+FloorTolerance floor_tolerance(const std::vector<ReferenceUpdate>& ref, double UpdateFloor::*what, double calibrated,
+                               double factor) {
+  FloorTolerance t{calibrated, -1};
+  for (const auto& r : ref)
+    if (r.floor.measured) t.floor = std::max(t.floor, std::max(0.0, r.floor.*what));
+  if (t.floor >= 0) t.tolerance = std::max(calibrated, factor * t.floor);
+  return t;
+}
+
+// Says what the tolerance was set from (the figures also go to report.json).
+CheckResult with_floor(CheckResult c, const FloorTolerance& t, double calibrated, double factor) {
+  if (t.floor < 0) return c;
+  c.noise_floor = t.floor;
+  c.floor_factor = factor;
+  c.detail += "; tolerance " + num(t.tolerance) + " = max(calibrated " + num(calibrated) + ", " + num(factor) +
+              " x noise floor " + num(t.floor) + ")";
+  return c;
 }
 
 }  // namespace
@@ -315,6 +350,31 @@ CheckResult check_params_parity(const std::vector<ReferenceUpdate>& ref, const s
   return tensor_parity("params.parity", ref, run, tolerance, false);
 }
 
+CheckResult check_params_trajectory(const std::vector<ReferenceUpdate>& free_running,
+                                    const std::vector<BackendUpdate>& run, double tolerance, double factor) {
+  std::vector<double> tol(free_running.size(), tolerance);
+  double worst_floor = -1;
+  for (size_t u = 0; u < free_running.size(); ++u)
+    if (free_running[u].floor.measured) {
+      tol[u] = std::max(tolerance, factor * free_running[u].floor.params);
+      worst_floor = std::max(worst_floor, free_running[u].floor.params);
+    }
+  CheckResult c = tensor_parity("params.trajectory", free_running, run, tol, false);
+  if (worst_floor < 0 || free_running.size() != run.size()) return c;
+  c.noise_floor = worst_floor;  // the floor of the update whose tolerance is reported
+  for (size_t u = 0; u < tol.size(); ++u)
+    if (tol[u] == c.tolerance && free_running[u].floor.measured) {
+      c.noise_floor = free_running[u].floor.params;
+      break;
+    }
+  c.floor_factor = factor;
+  std::string floors;
+  for (size_t u = 0; u < free_running.size(); ++u) floors += (u ? " " : "") + num(free_running[u].floor.params);
+  c.detail += "; free-running (NOTE [teacher forcing]): update u held to max(calibrated " + num(tolerance) + ", " +
+              num(factor) + " x trajectory floor_u), floors " + floors;
+  return c;
+}
+
 CheckResult check_grad_scale(const std::vector<ReferenceUpdate>& ref, const std::vector<BackendUpdate>& run,
                              double tolerance) {
   CheckResult c;
@@ -432,6 +492,17 @@ CheckResult memory_lower_bound(const CheckInput& in) {
 }
 
 bool always(const CheckInput&) { return true; }
+
+// The reference the loss, gradient and single-step checks judge (NOTE [teacher forcing]).
+const std::vector<ReferenceUpdate>& judged(const CheckInput& in) { return in.forced ? *in.forced : *in.reference; }
+
+// A check against judged(in), its tolerance set from that reference's noise floor.
+CheckResult floored(const CheckInput& in, double UpdateFloor::*what, double calibrated,
+                    CheckResult (*check)(const std::vector<ReferenceUpdate>&, const std::vector<BackendUpdate>&, double)) {
+  const auto& ref = judged(in);
+  const FloorTolerance t = floor_tolerance(ref, what, calibrated, in.floor_factor);
+  return with_floor(check(ref, *in.run, t.tolerance), t, calibrated, in.floor_factor);
+}
 bool with_memory(const CheckInput& in) { return in.memory != nullptr; }
 
 }  // namespace
@@ -446,15 +517,28 @@ const std::vector<CheckEntry>& check_table() {
        always, [](const CheckInput& in) { return check_window_count(*in.reference, *in.run); }},
       {"ranks.local_sums", "each rank's valid_targets = the recount of its ids; its loss_sum = the reference's S_r",
        [](const CheckInput& in) { return in.targets_of_id != nullptr; },
-       [](const CheckInput& in) { return check_rank_sums(*in.reference, *in.run, *in.targets_of_id, in.tolerance); }},
-      {"loss.global_mean", "the backend's loss = the global token mean (relative error)", always,
-       [](const CheckInput& in) { return check_global_mean_loss(*in.reference, *in.run, in.tolerance); }},
-      {"grad.parity", "per tensor and update, relative L2 error of the gradient vs the reference", always,
-       [](const CheckInput& in) { return check_grad_parity(*in.reference, *in.run, in.tolerance); }},
+       [](const CheckInput& in) { return check_rank_sums(judged(in), *in.run, *in.targets_of_id, in.tolerance); }},
+      {"loss.global_mean", "the backend's loss = the global token mean at its own parameters (relative error)",
+       always,
+       [](const CheckInput& in) {
+         return floored(in, &UpdateFloor::loss, in.tolerance, check_global_mean_loss);
+       }},
+      {"grad.parity", "per tensor and update, relative L2 error of the gradient vs the reference at the stack's parameters",
+       always,
+       [](const CheckInput& in) { return floored(in, &UpdateFloor::grad, in.tolerance, check_grad_parity); }},
       {"grad.scale", "per update, <g, g_ref> / <g_ref, g_ref> = 1: catches scale errors below the L2 noise", always,
-       [](const CheckInput& in) { return check_grad_scale(*in.reference, *in.run, in.scale_tolerance); }},
-      {"params.parity", "per tensor, after every update, relative L2 error of the parameters", always,
-       [](const CheckInput& in) { return check_params_parity(*in.reference, *in.run, in.tolerance); }},
+       [](const CheckInput& in) {
+         if (!(in.scale_tolerance > 0)) return check_grad_scale(judged(in), *in.run, in.scale_tolerance);
+         return floored(in, &UpdateFloor::scale, in.scale_tolerance, check_grad_scale);
+       }},
+      {"params.parity", "per tensor and update, relative L2 error of the parameters after one step from the stack's own",
+       always,
+       [](const CheckInput& in) { return floored(in, &UpdateFloor::params, in.tolerance, check_params_parity); }},
+      {"params.trajectory", "per tensor, after every update, the parameters vs the free-running reference's trajectory",
+       always,
+       [](const CheckInput& in) {
+         return check_params_trajectory(*in.reference, *in.run, in.tolerance, in.floor_factor);
+       }},
       {"replicas.agree", "every tensor several ranks hold is identical on all of them after every update", always,
        [](const CheckInput& in) { return check_replicas_agree(*in.run, in.plan->windows.size()); }},
       {"memory.lower_bound", "each rank's model state >= the estimate for that rank, and at most 2% above it",

@@ -32,6 +32,12 @@ CheckResult check_grad_parity(const std::vector<ReferenceUpdate>& ref, const std
 /// Per tensor and update: relative L2 error of the parameters after the step.
 CheckResult check_params_parity(const std::vector<ReferenceUpdate>& ref, const std::vector<BackendUpdate>& run,
                                 double tolerance);
+/// params.trajectory: the stack's parameters after every update against the free-running
+/// reference's own trajectory (NOTE [teacher forcing]), update u held to max(tolerance,
+/// factor x its trajectory floor) (NOTE [noise floor]). Figure: the update with the largest
+/// error / tolerance; its tolerance is the one reported.
+CheckResult check_params_trajectory(const std::vector<ReferenceUpdate>& free_running,
+                                    const std::vector<BackendUpdate>& run, double tolerance, double factor);
 
 /// Per update and per tensor of the reference: the relative L2 error of the backend's gradient
 /// and of its parameters after the step (what grad.parity and params.parity take the worst
@@ -80,6 +86,13 @@ struct CheckInput {
   const Plan* plan = nullptr;
   int64_t dataset_size = 0;
   const std::vector<ReferenceUpdate>* reference = nullptr;
+  /// The teacher-forced reference (NOTE [teacher forcing]): when set, the loss, gradient and
+  /// single-step parameter checks compare against it; null: they compare against `reference`
+  /// too. params.trajectory always holds the stack to `reference` (free-running).
+  const std::vector<ReferenceUpdate>* forced = nullptr;
+  /// Tolerances are max(the calibrated one, floor_factor x the reference's noise floor) where
+  /// the reference measured one (NOTE [noise floor]).
+  double floor_factor = 10;
   const std::vector<BackendUpdate>* run = nullptr;
   double tolerance = 0;                        ///< the parity tolerance of the run's dtype
   double scale_tolerance = 0;                  ///< grad.scale's (0: grad.scale skips)

@@ -27,6 +27,11 @@ struct CheckResult {
   double figure = 0;
   double tolerance = 0;
   std::string detail;
+  /// The run's own noise floor behind `tolerance` and the factor it was multiplied by
+  /// (tolerance = max(the dtype's calibrated one, factor x floor); NOTE [noise floor] in
+  /// conformance/model/reference.cpp). -1: the tolerance is not floor-based.
+  double noise_floor = -1;
+  double floor_factor = 0;
 };
 
 /// One tensor's error against the reference in one update: the per-tensor evidence behind

@@ -25,7 +25,9 @@ SpecError::SpecError(const std::string& f, const std::string& what)
 //   bfloat16 worst 7.1e-2 (bf16 compute, fp32 master)   -> 1.5e-1, ~2x margin.
 // Any scaling bug moves the figure by |factor - 1| >= 1/3 for D <= 3, A <= 3, so float64
 // and float32 catch every factor error; bfloat16 catches factor errors above ~15% only,
-// and the report's tolerance column says so.
+// and the report's tolerance column says so. These are minimums: a run's checks are held to
+// max(this, tolerance.floor_factor x the run's own noise floor) (NOTE [noise floor] in
+// conformance/model/reference.cpp), which grows with the model where rounding does.
 double Spec::parity_tolerance() const {
   switch (dtype) {
     case DType::Float64: return tolerance.float64;
@@ -188,6 +190,8 @@ void validate_spec(const Spec& s) {
                       {s.tolerance.scale_float32, "tolerance.scale_float32"},
                       {s.tolerance.scale_bfloat16, "tolerance.scale_bfloat16"}})
     if (!(v > 0)) throw SpecError(f, "must be > 0");
+  if (!(s.tolerance.floor_factor == 0 || s.tolerance.floor_factor >= 1) || !std::isfinite(s.tolerance.floor_factor))
+    throw SpecError("tolerance.floor_factor", "must be 0 (the calibrated tolerances alone) or a finite number >= 1");
   timeout_seconds(s.timeout.collective_s, "timeout.collective_s");
   if (s.pipeline.schedule != "1f1b" && s.pipeline.schedule != "gpipe")
     throw SpecError("pipeline.schedule", "unknown schedule '" + s.pipeline.schedule + "' (expected 1f1b or gpipe)");
@@ -255,6 +259,7 @@ Spec parse_spec(const std::string& text, const std::string& source) {
     t.get("scale_float64", s.tolerance.scale_float64);
     t.get("scale_float32", s.tolerance.scale_float32);
     t.get("scale_bfloat16", s.tolerance.scale_bfloat16);
+    t.get("floor_factor", s.tolerance.floor_factor);
   });
   r.object("pipeline", [&](Reader& q) { q.get("schedule", s.pipeline.schedule); });
   r.object("timeout", [&](Reader& t) {
@@ -296,7 +301,8 @@ std::string spec_to_json(const Spec& s) {
                      {"weight_decay", s.optimizer.weight_decay}, {"max_grad_norm", s.optimizer.max_grad_norm}}},
       {"tolerance", {{"float64", s.tolerance.float64}, {"float32", s.tolerance.float32},
                      {"bfloat16", s.tolerance.bfloat16}, {"scale_float64", s.tolerance.scale_float64},
-                     {"scale_float32", s.tolerance.scale_float32}, {"scale_bfloat16", s.tolerance.scale_bfloat16}}},
+                     {"scale_float32", s.tolerance.scale_float32}, {"scale_bfloat16", s.tolerance.scale_bfloat16},
+                     {"floor_factor", s.tolerance.floor_factor}}},
       {"timeout", {{"collective_s", s.timeout.collective_s}, {"run_s", s.timeout.run_s}}},
       {"pipeline", {{"schedule", s.pipeline.schedule}}},
       {"memory", {{"budget_bytes", s.memory.budget_bytes}}},

@@ -75,6 +75,10 @@ struct ToleranceSpec {
   double scale_float64 = 1e-10;
   double scale_float32 = 2e-6;
   double scale_bfloat16 = 4e-2;
+  /// Each loss, gradient and parameter check is held to max(the tolerance above, floor_factor x
+  /// the run's own noise floor) (NOTE [noise floor] in conformance/model/reference.cpp); 0: the
+  /// tolerances above alone (no floor is applied).
+  double floor_factor = 10;
 };
 
 /// How the pp backend schedules the window's microbatches.

@@ -3,34 +3,253 @@
 #include "conformance/core/dataset.hpp"
 #include "conformance/model/model.hpp"
 
+#include <algorithm>
+#include <cmath>
+
 namespace gradcert {
+
+// NOTE [teacher forcing] A free-running comparison judges update u after both sides have
+// taken u steps of their own: rounding differences compound through the updates, and at
+// size (1e7 parameters and up, lr 0.1) the training dynamics amplify them past any fixed
+// tolerance although nothing is wrong. So the gradient, loss and single-step checks compare
+// each update where both sides stand on the same ground: the reference recomputes update u
+// at the stack's own parameters after update u-1 (update 0: the shared initial weights) and
+// takes one optimizer step from there, its optimizer state built from its own (forced)
+// gradients. A bug is judged at the update where it acts, whatever earlier updates did.
+// The free-running trajectory stays as its own check (params.trajectory), held to the
+// trajectory floor below, which grows with the dynamics.
+//
+// NOTE [noise floor] Each tolerance is set from the run's own rounding, not from a constant
+// calibrated on a toy: every update is computed a second, mathematically equal way and the
+// distance between the two is the floor. float64 runs: the sum of per-(DP rank, microstep)
+// pieces (one backward per microbatch, S_{r,a} / N each, as gradient accumulation does) vs
+// the concatenated batch. float32 and bfloat16 runs: the concatenated batch computed in the
+// run's dtype (bfloat16: bf16 compute, float32 master for the step, NOTE [mixed precision])
+// vs float64, i.e. how far a correct computation in that dtype lands at this size. The
+// one-step floor (teacher-forced) bounds grad.parity, grad.scale, loss.global_mean and
+// params.parity; the trajectory floor (both routes free-running from the initial weights)
+// bounds params.trajectory per update. The checks take max(the dtype's calibrated
+// tolerance, factor x floor) (NOTE [tolerances] in conformance/core/spec.cpp), so a floor
+// never tightens a tolerance below the calibrated one, and a mutant's error (a scale factor
+// |f - 1| >= 1/3, a wrong example, a stale parameter) stays far above factor x floor.
+// What a floor cannot see: a stack's rounding that is systematically larger than a
+// plain computation in its dtype (e.g. a low-precision reduction across many ranks) shows
+// as a failure, and a bug smaller than factor x floor passes; the report gives both figures.
+
+namespace {
+
+// One route's view of an update: the loss, N and the gradient at the model's parameters.
+struct Evaluation {
+  double loss = 0;
+  int64_t valid_targets = 0;
+  TensorMap grads;
+};
+
+DType dtype_of(torch::ScalarType t) {
+  return t == torch::kFloat64 ? DType::Float64 : t == torch::kFloat32 ? DType::Float32 : DType::BFloat16;
+}
+
+// The window's gradient: every example in one batch (pieces = false), or one backward per
+// (DP rank, microstep) slot of S_{r,a} / N (pieces = true).
+Evaluation evaluate(const Spec& spec, TinyLM& model, const Window& w, bool pieces, torch::ScalarType dtype) {
+  Evaluation e;
+  model->zero_grad(/*set_to_none=*/true);
+  if (!pieces) {
+    Batch batch = collate(spec, w.ids);
+    if (!batch.empty()) {
+      e.valid_targets = batch.labels.ne(kIgnoreIndex).sum().item<int64_t>();
+      auto S = loss_sum(model, batch);
+      if (e.valid_targets > 0) {
+        auto L = S / static_cast<double>(e.valid_targets);
+        L.backward();
+        e.loss = L.item<double>();
+      }
+    }
+  } else {
+    std::vector<Batch> batches;
+    for (const auto& rank : w.slots)
+      for (const auto& mb : rank)
+        if (!mb.ids.empty()) {
+          batches.push_back(collate(spec, mb.ids));
+          e.valid_targets += batches.back().labels.ne(kIgnoreIndex).sum().item<int64_t>();
+        }
+    double S_total = 0;
+    if (e.valid_targets > 0)
+      for (const auto& b : batches) {
+        auto S = loss_sum(model, b);
+        (S / static_cast<double>(e.valid_targets)).backward();
+        S_total += S.item<double>();
+      }
+    e.loss = e.valid_targets > 0 ? S_total / static_cast<double>(e.valid_targets) : 0;
+  }
+  e.grads = grads_of(model, dtype_of(dtype));
+  return e;
+}
+
+// Loads `params` (the stack's, as read from its artifacts) into `model`; an absent tensor or
+// a wrong shape is an ArtifactError naming the update and tensor.
+void load_params(TinyLM& model, const TensorMap& params, torch::ScalarType dtype, int update) {
+  torch::NoGradGuard ng;
+  for (auto& p : model->named_parameters()) {
+    auto it = params.find(p.key());
+    if (it == params.end())
+      throw ArtifactError("update " + std::to_string(update) + " parameters: no tensor '" + p.key() +
+                          "' to recompute the next update from");
+    auto src = from_host(it->second, dtype);
+    if (src.sizes() != p.value().sizes())
+      throw ArtifactError("update " + std::to_string(update) + " parameters: tensor '" + p.key() +
+                          "' has another shape than the model's");
+    p.value().copy_(src);
+  }
+}
+
+// One optimizer step of every parameter with the evaluation's gradient; bfloat16 steps a
+// float32 master of the bf16 weights (the built-in recipe, NOTE [mixed precision]).
+void step_all(const Spec& spec, int update, TinyLM& model, std::map<std::string, OptimizerSlot>& slots,
+              std::map<std::string, torch::Tensor>& masters, torch::ScalarType dtype) {
+  torch::NoGradGuard ng;
+  for (auto& p : model->named_parameters()) {
+    auto g = p.value().grad();
+    if (!g.defined()) g = torch::zeros_like(p.value());
+    if (dtype != torch::kBFloat16) {
+      optimizer_step(spec.optimizer, update + 1, p.value(), g, slots[p.key()]);
+      continue;
+    }
+    auto& master = masters[p.key()];
+    if (!master.defined()) master = p.value().detach().to(torch::kFloat32);
+    optimizer_step(spec.optimizer, update + 1, master, g.to(torch::kFloat32), slots[p.key()]);
+    p.value().copy_(master);
+  }
+}
+
+// The worst relative L2 over the tensors of `ref` (a tensor both maps hold).
+double worst_relative(const TensorMap& other, const TensorMap& ref) {
+  double worst = 0;
+  for (const auto& [name, r] : ref) {
+    auto it = other.find(name);
+    if (it == other.end()) continue;
+    const double e = compare_tensors(it->second, r).relative;
+    if (std::isfinite(e)) worst = std::max(worst, e);
+  }
+  return worst;
+}
+
+double scale_deviation(const TensorMap& other, const TensorMap& ref) {
+  long double dot = 0, rr = 0;
+  for (const auto& [name, r] : ref) {
+    auto it = other.find(name);
+    if (it == other.end() || it->second.values.size() != r.values.size()) continue;
+    for (size_t i = 0; i < r.values.size(); ++i) {
+      dot += static_cast<long double>(it->second.values[i]) * r.values[i];
+      rr += static_cast<long double>(r.values[i]) * r.values[i];
+    }
+  }
+  return rr > 0 ? std::fabs(static_cast<double>(dot / rr) - 1) : 0;
+}
+
+UpdateFloor floor_between(const Evaluation& b, const TensorMap& b_params, const ReferenceUpdate& a) {
+  UpdateFloor f;
+  f.grad = worst_relative(b.grads, a.grads);
+  f.scale = scale_deviation(b.grads, a.grads);
+  f.loss = a.loss != 0 ? std::fabs(b.loss - a.loss) / std::fabs(a.loss) : std::fabs(b.loss);
+  f.params = worst_relative(b_params, a.params_after);
+  f.measured = true;
+  return f;
+}
+
+// The second route of NOTE [noise floor]: pieces in float64, the concatenated batch otherwise.
+struct Route {
+  torch::ScalarType dtype;
+  bool pieces;
+};
+Route floor_route(const Spec& spec) {
+  if (spec.dtype == DType::Float64) return {torch::kFloat64, true};
+  return {scalar_type(spec.dtype), false};
+}
+
+}  // namespace
 
 std::vector<ReferenceUpdate> run_reference(const Spec& spec, const Plan& plan) {
   TinyLM model = make_model(spec.model, initial_params(spec), torch::kFloat64);
   std::map<std::string, OptimizerSlot> slots;
+  std::map<std::string, torch::Tensor> no_masters;
   std::vector<ReferenceUpdate> out;
   for (const auto& w : plan.windows) {
     ReferenceUpdate r;
     r.update = w.update;
-    model->zero_grad(/*set_to_none=*/true);
-    Batch batch = collate(spec, w.ids);
-    if (!batch.empty()) {
-      r.valid_targets = batch.labels.ne(kIgnoreIndex).sum().item<int64_t>();
-      auto S = loss_sum(model, batch);
-      if (r.valid_targets > 0) {
-        auto L = S / static_cast<double>(r.valid_targets);
-        L.backward();
-        r.loss = L.item<double>();
-      }
-    }
-    r.grads = grads_of(model, DType::Float64);
-    for (auto& p : model->named_parameters()) {
-      auto g = p.value().grad();
-      optimizer_step(spec.optimizer, w.update + 1, p.value(), g.defined() ? g : torch::zeros_like(p.value()),
-                     slots[p.key()]);
-    }
+    Evaluation e = evaluate(spec, model, w, /*pieces=*/false, torch::kFloat64);
+    r.loss = e.loss;
+    r.valid_targets = e.valid_targets;
+    r.grads = std::move(e.grads);
+    step_all(spec, w.update, model, slots, no_masters, torch::kFloat64);
     r.params_after = params_of(model, DType::Float64);
     out.push_back(std::move(r));
+  }
+  return out;
+}
+
+References run_references(const Spec& spec, const Plan& plan, const std::vector<BackendUpdate>& run) {
+  // One intra-op thread, as the ranks and the Python runner use: the harness shares the
+  // machine with the ranks, and OpenMP threads spinning on busy cores made the reference of a
+  // 1M-parameter run 10x slower (measured: 43 s for `gradcert check` of 8 updates).
+  const int threads = torch::get_num_threads();
+  torch::set_num_threads(1);
+  struct Restore {
+    int n;
+    ~Restore() { torch::set_num_threads(n); }
+  } restore{threads};
+  References out;
+  const TensorMap initial = initial_params(spec);
+  const Route route = floor_route(spec);
+  const DType route_dtype = dtype_of(route.dtype);
+  const bool forced = run.size() == plan.windows.size();
+
+  // Free-running: the reference and the second route, each along its own trajectory.
+  {
+    TinyLM a = make_model(spec.model, initial, torch::kFloat64), b = make_model(spec.model, initial, route.dtype);
+    std::map<std::string, OptimizerSlot> slots_a, slots_b;
+    std::map<std::string, torch::Tensor> masters_a, masters_b;
+    for (const auto& w : plan.windows) {
+      ReferenceUpdate r;
+      r.update = w.update;
+      Evaluation ea = evaluate(spec, a, w, false, torch::kFloat64);
+      r.loss = ea.loss;
+      r.valid_targets = ea.valid_targets;
+      r.grads = std::move(ea.grads);
+      step_all(spec, w.update, a, slots_a, masters_a, torch::kFloat64);
+      r.params_after = params_of(a, DType::Float64);
+      Evaluation eb = evaluate(spec, b, w, route.pieces, route.dtype);
+      step_all(spec, w.update, b, slots_b, masters_b, route.dtype);
+      r.floor = floor_between(eb, params_of(b, route_dtype), r);
+      if (forced) r.grads.clear();  // no check reads them (grad.parity is teacher-forced)
+      out.free_running.push_back(std::move(r));
+    }
+  }
+  if (!forced) return out;
+
+  // Teacher-forced: both routes from the stack's parameters after the previous update; the
+  // optimizer state of each route is built from its own gradients.
+  TinyLM a = make_model(spec.model, initial, torch::kFloat64), b = make_model(spec.model, initial, route.dtype);
+  std::map<std::string, OptimizerSlot> slots_a, slots_b;
+  std::map<std::string, torch::Tensor> masters_a, masters_b;
+  for (size_t u = 0; u < plan.windows.size(); ++u) {
+    const Window& w = plan.windows[u];
+    const TensorMap& at = u == 0 ? initial : run[u - 1].params_after;
+    load_params(a, at, torch::kFloat64, static_cast<int>(u) - 1);
+    load_params(b, at, route.dtype, static_cast<int>(u) - 1);
+    masters_b.clear();  // bfloat16: the master starts from the stack's (bf16) weights
+    ReferenceUpdate r;
+    r.update = w.update;
+    Evaluation ea = evaluate(spec, a, w, false, torch::kFloat64);
+    r.loss = ea.loss;
+    r.valid_targets = ea.valid_targets;
+    r.grads = std::move(ea.grads);
+    step_all(spec, w.update, a, slots_a, masters_a, torch::kFloat64);
+    r.params_after = params_of(a, DType::Float64);
+    Evaluation eb = evaluate(spec, b, w, route.pieces, route.dtype);
+    step_all(spec, w.update, b, slots_b, masters_b, route.dtype);
+    r.floor = floor_between(eb, params_of(b, route_dtype), r);
+    out.forced.push_back(std::move(r));
   }
   return out;
 }

@@ -9,6 +9,24 @@ namespace gradcert {
 
 /// Runs the reference over plan.windows in order (float64, CPU), starting from
 /// initial_params(spec). The topology of the plan does not matter, only each window's ids.
+/// No noise floor is measured (every `floor` is zero).
 std::vector<ReferenceUpdate> run_reference(const Spec& spec, const Plan& plan);
+
+/// The two references a run is judged against (NOTE [teacher forcing]).
+struct References {
+  /// The reference's own trajectory from the initial weights. Each update's floor is the
+  /// trajectory floor: how far a second route's own trajectory has drifted from it by then.
+  std::vector<ReferenceUpdate> free_running;
+  /// Update u recomputed at the stack's parameters after update u-1 (update 0: the initial
+  /// weights): the gradient there, and one optimizer step from there. Each update's floor is
+  /// the one-step floor. Empty when the run has another number of updates than the plan.
+  std::vector<ReferenceUpdate> forced;
+};
+
+/// Both references for `run` (the stack's artifacts, read strictly), with their noise floors
+/// (NOTE [noise floor]). The free-running reference keeps no gradients when `forced` is
+/// computed (no check reads them then). Throws ArtifactError naming the update and tensor
+/// when the stack's parameters cannot be loaded.
+References run_references(const Spec& spec, const Plan& plan, const std::vector<BackendUpdate>& run);
 
 }  // namespace gradcert

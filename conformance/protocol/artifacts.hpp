@@ -40,6 +40,17 @@ struct BackendUpdate {
   double step_seconds = 0;
 };
 
+/// How far a second, mathematically equal computation of one update lands from the
+/// reference's (NOTE [noise floor] in conformance/model/reference.cpp): the rounding a correct
+/// stack of this size and dtype shows. Zero: not measured.
+struct UpdateFloor {
+  double grad = 0;    ///< the worst relative L2 over tensors of the gradient
+  double scale = 0;   ///< |<g, g_ref> / <g_ref, g_ref> - 1| over every tensor
+  double loss = 0;    ///< relative difference of the loss
+  double params = 0;  ///< the worst relative L2 over tensors of the parameters after the step
+  bool measured = false;
+};
+
 /// What the reference computed for one update.
 struct ReferenceUpdate {
   int update = 0;
@@ -49,6 +60,7 @@ struct ReferenceUpdate {
   /// S_r per DP rank (the reference runner's pieces; empty when the reference computed none).
   std::vector<double> rank_loss_sums;
   TensorMap params_after;     ///< parameters after the optimizer step
+  UpdateFloor floor;          ///< this update's noise floor (NOTE [noise floor])
 };
 
 /// What one rank consumed in one update, and its local sums.

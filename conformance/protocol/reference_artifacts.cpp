@@ -27,6 +27,20 @@ double number(const json& j, const char* key, const std::string& where) {
   return j[key].get<double>();
 }
 
+// The runner's "floor" object of an update (absent: not measured).
+UpdateFloor floor_of(const json& e, const std::string& where) {
+  UpdateFloor f;
+  if (!e.is_object() || !e.contains("floor")) return f;
+  const json& j = e["floor"];
+  const std::string at = where + ".floor";
+  f.grad = number(j, "grad", at);
+  f.scale = number(j, "scale", at);
+  f.loss = number(j, "loss", at);
+  f.params = number(j, "params", at);
+  f.measured = true;
+  return f;
+}
+
 }  // namespace
 
 ReferenceRun read_reference_run(const std::string& dir, const Plan& plan, const TensorMap& expected) {
@@ -57,7 +71,20 @@ ReferenceRun read_reference_run(const std::string& dir, const Plan& plan, const 
     r.valid_targets = integer(e, "valid_targets", where);
     r.grads = read_safetensors(dir + "/u" + std::to_string(u) + ".grads.safetensors", expect);
     r.params_after = read_safetensors(dir + "/u" + std::to_string(u) + ".params.safetensors", expect);
+    r.floor = floor_of(e, where);
     out.updates.push_back(std::move(r));
+    if (e.contains("forced")) {  // NOTE [teacher forcing]: at the stack's parameters after update u-1
+      const json& fj = e["forced"];
+      const std::string fwhere = where + ".forced";
+      ReferenceUpdate f;
+      f.update = static_cast<int>(u);
+      f.loss = number(fj, "loss", fwhere);
+      f.valid_targets = integer(fj, "valid_targets", fwhere);
+      f.grads = read_safetensors(dir + "/u" + std::to_string(u) + ".forced.grads.safetensors", expect);
+      f.params_after = read_safetensors(dir + "/u" + std::to_string(u) + ".forced.params.safetensors", expect);
+      f.floor = floor_of(fj, fwhere);
+      out.forced.push_back(std::move(f));
+    }
     if (!e.contains("pieces_json")) continue;
     const std::string ppath = dir + "/u" + std::to_string(u) + ".pieces.json";
     const json pj = parse_file(ppath);
@@ -84,8 +111,12 @@ ReferenceRun read_reference_run(const std::string& dir, const Plan& plan, const 
     sums.assign(plan.dp, 0.0);
     for (const auto& pm : up.meta)
       if (pm.dp_rank >= 0 && pm.dp_rank < plan.dp) sums[pm.dp_rank] += pm.loss_sum;
+    if (out.forced.size() == out.updates.size()) out.forced.back().rank_loss_sums = sums;
     out.pieces.push_back(std::move(up));
   }
+  if (!out.forced.empty() && out.forced.size() != out.updates.size())
+    throw ArtifactError(mpath + ": " + std::to_string(out.forced.size()) + " of " +
+                        std::to_string(out.updates.size()) + " updates carry a teacher-forced reference");
   return out;
 }
 

@@ -30,6 +30,9 @@ struct UpdatePieces {
 /// What the reference runner wrote into `dir`.
 struct ReferenceRun {
   std::vector<ReferenceUpdate> updates;
+  /// Teacher-forced (NOTE [teacher forcing]): per update at the stack's parameters after the
+  /// previous one; empty when the runner computed none (no --pieces-at).
+  std::vector<ReferenceUpdate> forced;
   std::vector<UpdatePieces> pieces;   ///< empty when the runner wrote none
   bool float64_throughout = true;     ///< the manifest's precision record
   std::string precision_note;         ///< what ran in lower precision, when not

@@ -222,7 +222,7 @@ void check_artifacts(RunReport& report, const RunRequest& req, const Spec& spec,
     // NOTE [sampler audit] The ledger and update size are checked against the plan (so a
     // duplicated or dropped example is a finding); the gradients against a reference over
     // the ids the stack really consumed (so the gradient math is judged on its own data).
-    std::vector<ReferenceUpdate> reference;
+    std::vector<ReferenceUpdate> reference, forced;  // NOTE [teacher forcing]
     if (needs_python_reference(spec)) {
       const std::string ref_dir = work_dir + "/reference";
       // The spec's factory, which `check --spec` may move (the runner's default is plan.json's).
@@ -235,19 +235,25 @@ void check_artifacts(RunReport& report, const RunRequest& req, const Spec& spec,
                       work_dir, "reference-log");
       ReferenceRun ref = read_reference_run(ref_dir, plan, shapes);
       reference = std::move(ref.updates);
+      forced = std::move(ref.forced);
       report.diagnosis = diagnose(ref.pieces, reference, artifacts, plan.dp, plan.accum, spec.parity_tolerance(),
                                   ref.pieces_at_stack);
       if (!ref.float64_throughout)
         report.diagnosis.note += "; NOTE: the model computes in lower precision inside although cast to float64 (" +
                                  ref.precision_note + ")";
     } else {
-      reference = run_reference(spec, req.sampler_audit ? plan_from_consumed(spec, plan, artifacts) : plan);
+      References refs = run_references(spec, req.sampler_audit ? plan_from_consumed(spec, plan, artifacts) : plan,
+                                       artifacts);
+      reference = std::move(refs.free_running);
+      forced = std::move(refs.forced);
       report.diagnosis.note = "no diagnosis: the C++ reference computes no per-piece gradients (run with --model)";
     }
     CheckInput input;
     input.plan = &plan;
     input.dataset_size = spec.dataset.size;
     input.reference = &reference;
+    if (!forced.empty()) input.forced = &forced;
+    input.floor_factor = spec.tolerance.floor_factor;
     input.run = &artifacts;
     input.tolerance = spec.parity_tolerance();
     input.scale_tolerance = spec.scale_tolerance();
@@ -262,7 +268,7 @@ void check_artifacts(RunReport& report, const RunRequest& req, const Spec& spec,
       input.memory = &memory;
     }
     report.checks = run_checks(input);
-    report.tensor_errors = tensor_errors(reference, artifacts);  // per-tensor figures (HTML report)
+    report.tensor_errors = tensor_errors(forced.empty() ? reference : forced, artifacts);  // per-tensor figures (HTML report)
   } catch (const ArtifactError& e) {
     report.error = std::string("bad artifacts: ") + e.what();
   } catch (const std::runtime_error& e) {  // the reference runner failed

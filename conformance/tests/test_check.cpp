@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -103,7 +104,7 @@ TEST(ConformanceCheck, BuiltInRunCheckedAgainIsTheSameReport) {
   EXPECT_TRUE(fs::exists(root + "/check/junit.xml"));
 
   // --spec: other tolerances judge the same artifacts; a spec with another plan is refused.
-  std::ofstream(root + "/strict.json") << R"({"tolerance": {"float64": 1e-16}})";
+  std::ofstream(root + "/strict.json") << R"({"tolerance": {"float64": 1e-16, "floor_factor": 0}})";
   const auto strict = test::run_cli("check " + folder + " --spec " + root + "/strict.json --out " + root + "/strict");
   EXPECT_EQ(strict.code, 1) << strict.out;
   std::ofstream(root + "/other.json") << R"({"batch": {"micro": 3}})";
@@ -237,4 +238,37 @@ TEST(ConformanceCheck, InjectedMutantCheckedAgainStillFails) {
   const auto c = test::run_cli("check " + r.run_dir + " --out " + r.run_dir + "_report");
   EXPECT_EQ(c.code, 0) << c.out;
   EXPECT_NE(c.out.find("local-mean"), std::string::npos) << c.out;
+}
+
+// Teacher forcing and the noise floor at size (NOTE [teacher forcing], NOTE [noise floor]):
+// a correct float32 ddp run of 2.7M parameters over 6 updates drifts from the free-running reference by ~1.9e-4, ten times the
+// calibrated float32 tolerance (2e-5), so a free-running comparison at a fixed tolerance
+// fails it. The teacher-forced checks pass it, each tolerance set from the run's own floor;
+// checked again with floor_factor 0 (the calibrated tolerances alone) it fails, on the
+// trajectory.
+TEST(ConformanceCheck, CorrectRunAtSizePassesOnTeacherForcingAndItsNoiseFloor) {
+  const std::string root = test::fresh_dir("gradcert_check", "size");
+  std::ofstream(root + "/spec.json")
+      << R"({"model": {"d_model": 192, "heads": 4, "layers": 6, "d_ff": 768}, "dtype": "float32", "updates": 6})";
+  const auto run = test::run_cli("run --backend ddp --world 2 --spec " + root + "/spec.json --out " + root + "/run");
+  ASSERT_EQ(run.code, 0) << run.out;
+  const json report = json::parse(slurp(root + "/run/report.json"));
+  std::map<std::string, json> checks;
+  for (const auto& c : report["runs"][0]["checks"]) checks[c["id"]] = c;
+  EXPECT_GT(checks["params.trajectory"]["figure"].get<double>(), 2e-5 * 3);  // the free-running drift
+  for (const char* id : {"grad.parity", "params.parity", "loss.global_mean", "grad.scale"}) {
+    EXPECT_EQ(checks[id]["verdict"], "pass") << id;
+    EXPECT_GT(checks[id]["noise_floor"].get<double>(), 0) << id;
+    EXPECT_EQ(checks[id]["floor_factor"].get<double>(), 10) << id;
+  }
+  EXPECT_GT(checks["grad.parity"]["noise_floor"].get<double>(), 1e-6);  // float32 rounding at 2.7M
+  std::ofstream(root + "/fixed.json")
+      << R"({"model": {"d_model": 192, "heads": 4, "layers": 6, "d_ff": 768}, "dtype": "float32", "updates": 6,)"
+      << R"( "tolerance": {"floor_factor": 0}})";
+  const std::string folder = root + "/run/runs/ddp-w2-float32-sgd";
+  const auto fixed = test::run_cli("check " + folder + " --spec " + root + "/fixed.json --out " + root + "/fixed");
+  EXPECT_EQ(fixed.code, 1) << fixed.out;
+  const json f = json::parse(slurp(root + "/fixed/report.json"));
+  for (const auto& c : f["runs"][0]["checks"])
+    if (c["id"] == "params.trajectory") EXPECT_EQ(c["verdict"], "fail") << c.dump();
 }

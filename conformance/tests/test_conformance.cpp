@@ -265,7 +265,7 @@ TEST(ConformanceCli, ExitCodesAndReports) {
   EXPECT_EQ(j["runs"][0]["topology"]["dp"], 2);
   EXPECT_EQ(j["verdict"], "pass");
 
-  const auto strict = write_spec(dir, R"({"tolerance": {"float64": 1e-300}})");
+  const auto strict = write_spec(dir, R"({"tolerance": {"float64": 1e-300, "floor_factor": 0}})");
   auto fail = run_cli("run --spec " + strict + " --backend single --out " + dir + "/strict");
   EXPECT_EQ(fail.code, 1) << fail.out;
   EXPECT_NE(fail.out.find("FAILED"), std::string::npos);

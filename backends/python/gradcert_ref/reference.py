@@ -28,6 +28,14 @@ and unshifted_targets (= valid + rows with targets), so a diagnosis can form can
 objectives as linear combinations (gradcert_ref/mutants.py `coefficients`).
 sum_{r,a} piece / N equals the window's gradient up to rounding.
 
+Teacher forcing and noise floors (with --pieces-at; NOTE [teacher forcing] and NOTE [noise
+floor] in conformance/model/reference.cpp): each manifest entry also carries `forced` (the
+loss, N, u<k>.forced.grads.safetensors and u<k>.forced.params.safetensors: the gradient at
+the stack's parameters after update u-1 and one step from there, the optimizer state built
+from the forced gradients) with its one-step `floor`, and a `floor` of the free-running
+trajectory: {grad, scale, loss, params}, the distance to a second, mathematically equal route
+(per-microbatch pieces in float64 runs; the concatenated batch in the run's dtype otherwise).
+
 Precision: the manifest's `precision` says whether the model computes in lower
 precision internally although cast to float64: a TorchFunctionMode records every op
 whose floating output is not float64 (with the module it ran in), forward hooks record
@@ -211,6 +219,81 @@ def _grads(model) -> dict:
             model.named_parameters()}
 
 
+def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    d = float(torch.linalg.vector_norm((a.to(F64) - b.to(F64)).reshape(-1)))
+    n = float(torch.linalg.vector_norm(b.to(F64).reshape(-1)))
+    return d / n if n > 0 else d
+
+
+def floor_between(grads_b: dict, loss_b: float, params_b: dict, grads_a: dict, loss_a: float, params_a: dict) -> dict:
+    """How far the second route lands (NOTE [noise floor] in conformance/model/reference.cpp)."""
+    dot = sum(float((grads_b[n].to(F64) * g.to(F64)).sum()) for n, g in grads_a.items())
+    rr = sum(float((g.to(F64) * g.to(F64)).sum()) for g in grads_a.values())
+    return {"grad": max((_relative(grads_b[n], g) for n, g in grads_a.items()), default=0.0),
+            "scale": abs(dot / rr - 1) if rr > 0 else 0.0,
+            "loss": abs(loss_b - loss_a) / abs(loss_a) if loss_a != 0 else abs(loss_b),
+            "params": max((_relative(params_b[n], q) for n, q in params_a.items()), default=0.0)}
+
+
+class Route:
+    """One model stepped by the protocol's optimizer, its gradient by one route: the window
+    concatenated (pieces=False) or one backward per (DP rank, microstep) of S_{r,a} / N.
+    bfloat16 steps a float32 master of the bf16 weights (NOTE [mixed precision])."""
+
+    def __init__(self, model, dtype, pieces: bool, opt: dict, max_norm: float):
+        self.model, self.dtype, self.pieces, self.opt, self.max_norm = model, dtype, pieces, opt, max_norm
+        self.slots = {n: {} for n, _ in model.named_parameters()}
+        self.masters = {}
+
+    def load(self, params: dict, where: str):
+        with torch.no_grad():
+            for n, q in self.model.named_parameters():
+                if n not in params:
+                    raise client.ProtocolError(f"{where}: no tensor '{n}'")
+                q.copy_(params[n].to(q.dtype))
+        self.masters = {}
+
+    def evaluate(self, data, ids, slots, fname, vocab):
+        m = self.model
+        m.zero_grad(set_to_none=True)
+        loss = 0.0
+        if not self.pieces:
+            batch = data.collate(ids)
+            N = batch.valid_targets if batch is not None else 0
+            if N > 0:
+                L = loss_sum(m, batch, data.ignore_index, fname, vocab) / N
+                L.backward()
+                loss = float(L.detach())
+        else:
+            batches = [data.collate(mb) for r in slots for mb in r if mb]
+            batches = [b for b in batches if b is not None]
+            N = sum(b.valid_targets for b in batches)
+            if N > 0:
+                S_total = 0.0
+                for b in batches:
+                    s = loss_sum(m, b, data.ignore_index, fname, vocab)
+                    (s / N).backward()
+                    S_total += float(s.detach())
+                loss = S_total / N
+        return loss, N, _grads(m)
+
+    @torch.no_grad()
+    def step(self, u: int, grads: dict):
+        _, coef = clip_coefficient(grads, self.max_norm)
+        for n, p in self.model.named_parameters():
+            g = grads[n] if coef == 1.0 else grads[n] * coef
+            if self.dtype != torch.bfloat16:
+                optimizer_step(self.opt, u + 1, p, g.to(p.dtype), self.slots[n])
+                continue
+            if n not in self.masters:
+                self.masters[n] = p.detach().to(torch.float32)
+            optimizer_step(self.opt, u + 1, self.masters[n], g.to(torch.float32), self.slots[n])
+            p.copy_(self.masters[n])
+
+    def params(self) -> dict:
+        return {n: p.detach().clone() for n, p in self.model.named_parameters()}
+
+
 def run_reference(run_dir: str, factory: str | None = None, out: str | None = None, init: str | None = None,
                   pieces: bool = True, ids_from_ranks: bool = False, log=None, pieces_at: str | None = None) -> dict:
     """Writes the reference artifacts into `out` (default run_dir/reference); returns the manifest.
@@ -258,6 +341,27 @@ def run_reference(run_dir: str, factory: str | None = None, out: str | None = No
     opt = plan.optimizer
     max_norm = plan.max_grad_norm
     slots_state = {n: {} for n, _ in model.named_parameters()}
+
+    # Teacher forcing and noise floors (NOTE [teacher forcing], NOTE [noise floor] in
+    # conformance/model/reference.cpp): with the
+    # stack's parameters (pieces_at), update u is also computed at the stack's parameters after
+    # update u-1 ("forced": the gradient there and one step from there), and each update a
+    # second, mathematically equal way: per-microbatch pieces in float64 runs, the
+    # concatenated batch in the run's dtype otherwise; the distance is the update's floor.
+    run_dtype = plan.dtype
+    route_dtype, route_pieces = (F64, True) if run_dtype == F64 else (run_dtype, False)
+
+    def build_route(dtype, pieces_route):
+        m = factory_mod.build(factory, int(plan.model_spec["vocab"]), int(plan.model_spec["max_len"]),
+                              spec=plan.model_spec, search_dirs=[run_dir])
+        client.load_weights(m, init or run.init_path, dtype)
+        m.train()
+        return Route(m, dtype, pieces_route, opt, max_norm)
+
+    free_b = build_route(route_dtype, route_pieces) if pmodel is not None else None
+    forced_a = Route(pmodel, F64, False, opt, max_norm) if pmodel is not None else None
+    forced_b = build_route(route_dtype, route_pieces) if pmodel is not None else None
+    initial_params = {n: p.detach().clone() for n, p in pmodel.named_parameters()} if pmodel is not None else None
     updates = []
     for u in range(len(plan)):
         t0 = time.perf_counter()
@@ -312,12 +416,33 @@ def run_reference(run_dir: str, factory: str | None = None, out: str | None = No
                                "partial": plan.partial(u), "valid_targets": N, "pieces": pmeta,
                                "tensors": "r<dp_rank>.a<micro>.<param>: grad of the piece's loss sum S_{r,a}"})
             entry.update({"pieces": f"u{u}.pieces.safetensors", "pieces_json": f"u{u}.pieces.json"})
+        if pmodel is not None:
+            # pmodel stands at the stack's parameters after update u-1 (update 0: the initial weights).
+            at_params = initial_params if u == 0 else {n: q.detach().clone() for n, q in pmodel.named_parameters()}
+            where = f"{pieces_at}: update {u - 1} parameters"
+            f_loss, f_N, f_grads = forced_a.evaluate(data, ids, slots, fname, vocab)
+            forced_a.load(at_params, where)  # evaluate() keeps the parameters; step from them
+            forced_a.step(u, f_grads)
+            f_params = forced_a.params()
+            forced_b.load(at_params, where)
+            b_loss, _, b_grads = forced_b.evaluate(data, ids, slots, fname, vocab)
+            forced_b.step(u, b_grads)
+            client.write_tensors(os.path.join(out, f"u{u}.forced.grads.safetensors"), f_grads, F64, u)
+            client.write_tensors(os.path.join(out, f"u{u}.forced.params.safetensors"), f_params, F64, u)
+            entry["forced"] = {"loss": f_loss, "valid_targets": f_N, "grads": f"u{u}.forced.grads.safetensors",
+                               "params": f"u{u}.forced.params.safetensors",
+                               "floor": floor_between(b_grads, b_loss, forced_b.params(), f_grads, f_loss, f_params)}
+            fb_loss, _, fb_grads = free_b.evaluate(data, ids, slots, fname, vocab)
+            free_b.step(u, fb_grads)
         total, coef = clip_coefficient(grads, max_norm)
         entry.update({"grad_norm": total, "clip_coef": coef})
         with torch.no_grad():
             for n, p in model.named_parameters():
                 g = grads[n] if coef == 1.0 else grads[n] * coef
                 optimizer_step(opt, u + 1, p, g, slots_state[n])
+        if free_b is not None:
+            entry["floor"] = floor_between(fb_grads, fb_loss, free_b.params(), grads, loss,
+                                           {n: p.detach() for n, p in model.named_parameters()})
         entry["step_seconds"] = time.perf_counter() - t0
         client.write_tensors(os.path.join(out, entry["grads"]), grads, F64, u)
         client.write_tensors(os.path.join(out, entry["params"]),

@@ -233,3 +233,87 @@ TEST(Report, FilesAreWrittenWhole) {
   EXPECT_EQ(files, 4);  // report.json, report.md, junit.xml, report.html
   EXPECT_NO_THROW(nlohmann::json::parse(std::ifstream(dir / "report.json")));
 }
+
+// Teacher forcing and noise floors in the checks (NOTE [teacher forcing], NOTE [noise floor]):
+// the forced reference is what the gradient checks judge, and its floors set the tolerance.
+namespace {
+
+CheckInput forced_input(const Fixture& f, const std::vector<ReferenceUpdate>& forced, double factor) {
+  CheckInput in;
+  in.plan = &f.plan;
+  in.dataset_size = f.spec.dataset.size;
+  in.reference = &f.ref;
+  in.forced = &forced;
+  in.run = &f.run;
+  in.tolerance = 1e-10;
+  in.scale_tolerance = 1e-10;
+  in.floor_factor = factor;
+  return in;
+}
+
+CheckResult find(const std::vector<CheckResult>& all, const std::string& id) {
+  for (const auto& c : all)
+    if (c.id == id) return c;
+  ADD_FAILURE() << "no check " << id;
+  return {};
+}
+
+}  // namespace
+
+TEST(Checks, GradientChecksJudgeTheTeacherForcedReference) {
+  Fixture f;
+  // The stack drifted from the free-running reference at update 1 (its parameters and so its
+  // gradient differ), but its gradient is right where it stood: the forced reference.
+  std::vector<ReferenceUpdate> forced = f.ref;
+  for (auto& v : f.run[1].grads["a.weight"].values) v += 1e-3;
+  for (auto& v : forced[1].grads["a.weight"].values) v += 1e-3;
+  forced[1].params_after = f.run[1].params_after;
+  const auto all = run_checks(forced_input(f, forced, 10));
+  EXPECT_EQ(find(all, "grad.parity").verdict, Verdict::Pass) << find(all, "grad.parity").detail;
+  // Without the forced reference the same run fails grad.parity against the free-running one.
+  EXPECT_EQ(f.check("grad.parity").verdict, Verdict::Fail);
+  // A bug at the last update only is judged there, whatever the earlier updates did.
+  for (auto& v : f.run.back().grads["b.bias"].values) v *= 1.5;
+  const auto bug = find(run_checks(forced_input(f, forced, 10)), "grad.parity");
+  EXPECT_EQ(bug.verdict, Verdict::Fail);
+  EXPECT_NE(bug.detail.find("update " + std::to_string(f.run.size() - 1) + " b.bias"), std::string::npos) << bug.detail;
+}
+
+TEST(Checks, ToleranceIsFactorTimesTheNoiseFloorNeverBelowTheCalibratedOne) {
+  Fixture f;
+  std::vector<ReferenceUpdate> forced = f.ref;
+  for (auto& r : forced) r.floor = {2e-9, 1e-9, 1e-9, 3e-9, true};
+  forced[1].floor.grad = 4e-9;                        // the worst update's floor sets it
+  f.run[2].grads["a.weight"].values[2] *= 1 + 1e-8;   // rel L2 ~1e-8: above 1e-10, below 10 x 4e-9
+  const auto g = find(run_checks(forced_input(f, forced, 10)), "grad.parity");
+  EXPECT_EQ(g.verdict, Verdict::Pass) << g.detail;
+  EXPECT_DOUBLE_EQ(g.tolerance, 4e-8);
+  EXPECT_DOUBLE_EQ(g.noise_floor, 4e-9);
+  EXPECT_DOUBLE_EQ(g.floor_factor, 10);
+  EXPECT_NE(g.detail.find("tolerance 4e-08 = max(calibrated 1e-10, 10 x noise floor 4e-09)"), std::string::npos)
+      << g.detail;
+  // factor 0: the calibrated tolerance alone, so the same error fails.
+  const auto off = find(run_checks(forced_input(f, forced, 0)), "grad.parity");
+  EXPECT_EQ(off.verdict, Verdict::Fail) << off.detail;
+  EXPECT_DOUBLE_EQ(off.tolerance, 1e-10);
+  // A floor below the calibrated tolerance never tightens it.
+  for (auto& r : forced) r.floor = {1e-17, 1e-17, 1e-17, 1e-17, true};
+  EXPECT_DOUBLE_EQ(find(run_checks(forced_input(f, forced, 10)), "grad.parity").tolerance, 1e-10);
+  // No floor measured: no floor figures in the result.
+  EXPECT_LT(f.check("grad.parity").noise_floor, 0);
+}
+
+TEST(Checks, TrajectoryHoldsEachUpdateToItsOwnFloor) {
+  Fixture f;
+  std::vector<ReferenceUpdate> forced = f.ref;
+  for (size_t u = 0; u < f.ref.size(); ++u) f.ref[u].floor = {0, 0, 0, 1e-9 * std::pow(10.0, u), true};  // grows
+  for (auto& v : f.run.back().params_after["a.weight"].values) v *= 1 + 1e-8;  // within 10 x the last floor
+  auto c = find(run_checks(forced_input(f, forced, 10)), "params.trajectory");
+  EXPECT_EQ(c.verdict, Verdict::Pass) << c.detail;
+  // The same drift at update 0, whose floor is 1e-9, fails there.
+  for (auto& v : f.run.front().params_after["a.weight"].values) v *= 1 + 1e-7;
+  c = find(run_checks(forced_input(f, forced, 10)), "params.trajectory");
+  EXPECT_EQ(c.verdict, Verdict::Fail) << c.detail;
+  EXPECT_NE(c.detail.find("worst update 0 a.weight"), std::string::npos) << c.detail;
+  EXPECT_DOUBLE_EQ(c.tolerance, 1e-8);
+}

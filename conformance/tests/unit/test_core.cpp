@@ -61,6 +61,7 @@ TEST(Spec, OutOfRangeValueIsNamed) {
   EXPECT_EQ(spec_error_field(R"({"dataset": {"long_max": 99}})"), "dataset.long_max");
   EXPECT_EQ(spec_error_field(R"({"optimizer": {"name": "lion"}})"), "optimizer.name");
   EXPECT_EQ(spec_error_field(R"({"tolerance": {"float64": 0}})"), "tolerance.float64");
+  EXPECT_EQ(spec_error_field(R"({"tolerance": {"floor_factor": 0.5}})"), "tolerance.floor_factor");
   EXPECT_EQ(spec_error_field(R"({"pipeline": {"schedule": "zb-v"}})"), "pipeline.schedule");
 }
 

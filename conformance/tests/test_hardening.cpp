@@ -189,14 +189,16 @@ TEST(HardeningCli, DeepSpecIsAnErrorNotACrash) {
 
 // (8) A FIFO grads file hung gradcert after the command had exited (the run timeout no longer
 // applied); a link to /dev/zero read gigabytes; a link outside the run folder was read and 8
-// of its bytes echoed into the report (as a header length). Each now fails the run at once,
-// naming the file and what it is.
+// of its bytes echoed into the report (as a header length); a hard link to a file outside it
+// was read as the run's own. Each now fails the run at once, naming the file and what it is.
 TEST(ConformanceHardeningArtifacts, SpecialFilesAndLinksFailTheRunNamingTheFile) {
   const std::string root = test::fresh_dir("gradcert_artifact_files", "runs");
   for (const auto& [mode, what] : std::vector<std::pair<std::string, std::string>>{
            {"fifo-grads", "not a regular file (a FIFO)"},
            {"zero-link", "is a symbolic link (gradcert reads only regular files inside the run folder)"},
-           {"outside-link", "is a symbolic link (gradcert reads only regular files inside the run folder)"}}) {
+           {"outside-link", "is a symbolic link (gradcert reads only regular files inside the run folder)"},
+           {"outside-hardlink", "has 2 hard links (gradcert reads only files the run wrote: a hard link may point "
+                                "outside the run folder)"}}) {
     const std::string dir = root + "/" + mode + "/run";
     const auto t0 = std::chrono::steady_clock::now();
     const RunReport r = run_backend(fake_request(mode, dir));

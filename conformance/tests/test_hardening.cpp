@@ -341,9 +341,10 @@ TEST(HardeningCli, InterruptStopsEveryProcessAndWritesTheReport) {
 TEST(HardeningCli, InterruptedAuditStopsEveryProcessAndWritesTheReport) {
   const std::string dir = test::fresh_dir("gradcert_interrupt", "audit");
   Interrupted got;
-  ASSERT_NO_FATAL_FAILURE(interrupt_cli({GRADCERT_EXE, "audit", "--before", "external:" + lingering_command(dir + "/pids"),
-                                         "--after", "ddp", "--world", "2", "--out", dir + "/out"},
-                                        dir, SIGTERM, got));
+  const std::string before = "external:" + lingering_command(dir + "/pids");
+  ASSERT_NO_FATAL_FAILURE(interrupt_cli(
+      {GRADCERT_EXE, "audit", "--before", before, "--after", "ddp", "--world", "2", "--out", dir + "/out"}, dir, SIGTERM,
+      got));
   EXPECT_EQ(WEXITSTATUS(got.status), 143) << got.console;
   EXPECT_NE(got.console.find("# INTERRUPTED by SIGTERM: every rank and every process the command started was "
                              "stopped; this report is partial"),

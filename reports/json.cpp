@@ -95,6 +95,7 @@ json side_json(const AuditSide& s, const RunReport& r, const AuditSideFacts& f) 
             {"model_state_bytes", or_null(f.model_state_bytes)},
             {"target_tokens_per_s", or_null(f.target_tokens_per_s)}};
   if (!r.error.empty()) j["error"] = r.error;
+  if (r.interrupted) j["interrupted"] = true;
   return j;
 }
 
@@ -250,6 +251,7 @@ std::string audit_json(const AuditReport& r) {
             {"differences", r.differences},
             {"verdict", r.run_failed() ? "error" : r.preserved() ? "preserved" : "differences"},
             {"verdict_text", r.verdict_text()}};
+  if (r.interrupted) j["interrupted"] = true;  // a partial report (NOTE [interrupt])
   return j.dump(1) + "\n";
 }
 

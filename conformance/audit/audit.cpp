@@ -27,6 +27,22 @@ namespace {
 
 std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
 
+// A side never started: gradcert was interrupted while the other ran (NOTE [interrupt]).
+RunReport not_run(const RunRequest& r, const Plan& plan, int sig) {
+  const Spec spec = effective_spec(r);
+  RunReport out;
+  out.backend = r.backend;
+  out.topology = spec.topology;
+  out.dtype = dtype_name(spec.dtype);
+  out.optimizer = spec.optimizer.name;
+  out.inject = r.inject;
+  out.updates = static_cast<int>(plan.windows.size());
+  out.update_batch = plan.update_batch;
+  out.interrupted = sig;
+  out.error = "not run: gradcert was interrupted by " + signal_text(sig) + " before this side started";
+  return out;
+}
+
 }  // namespace
 
 AuditReport run_audit(const AuditRequest& q, std::ostream& progress) {
@@ -79,7 +95,17 @@ AuditReport run_audit(const AuditRequest& q, std::ostream& progress) {
     return out;
   };
   rep.before = run_side(rb, rep.before_side, "before", 1);
-  rep.after = run_side(ra, rep.after_side, "after", 2);
+  if (const int sig = interrupt_signal()) {  // NOTE [interrupt]: the after side is not started
+    rep.after = not_run(ra, plan, sig);
+    rep.after.inject = rep.after_side.inject;
+    char line[512];
+    std::snprintf(line, sizeof line, "# [2/2] %-6s %-12s not run (interrupted by %s)\n", "after",
+                  side_title(rep.after_side).c_str(), signal_text(sig).c_str());
+    progress << line << std::flush;
+  } else {
+    rep.after = run_side(ra, rep.after_side, "after", 2);
+  }
+  rep.interrupted = interrupt_signal();
   rep.environment = make_environment(spec.seed, spec.topology.world(), q.launcher);
 
   auto& diff = rep.differences;

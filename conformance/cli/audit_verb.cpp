@@ -28,18 +28,23 @@ Verb add_audit_verb(CLI::App& app, CommonOptions& o) {
   cmd->add_option("--dtype", o.dtype, "override the spec's dtype: float64 | float32 | bfloat16");
   cmd->add_option("--optimizer", o.optimizer, "override the spec's optimizer: sgd | adamw");
   cmd->add_option("--out", o.out, "report folder (default: reports/out/<timestamp>)");
-  // exit 0: semantics preserved; 1: a difference or failed check; 2: bad input or failed run
+  // exit 0: semantics preserved; 1: a difference or failed check; 2: bad input or failed run;
+  // 130 / 143: interrupted (NOTE [interrupt])
   return {cmd, [&o, q] {
+            install_interrupt_handlers();  // Ctrl-C / SIGTERM: stop both sides' processes, write the report
             AuditRequest req = *q;
             req.spec = spec_with_overrides(o);
             req.world = o.world;
             req.launcher = launcher_from(o.launcher);
             req.exe = self_exe();
             req.out_dir = report_dir(o);
-            const AuditReport a = run_audit(req, std::cout);
+            AuditReport a = run_audit(req, std::cout);
+            if (!a.interrupted) a.interrupted = interrupt_signal();  // during the comparison
             std::cout << audit_table(a);
+            if (a.interrupted) std::cout << interrupted_line(a.interrupted);
             write_audit_files(a, req.out_dir);
             std::cout << "# report: " << req.out_dir << "/audit.json (also audit.md, junit.xml, report.html)\n";
+            if (a.interrupted) return 128 + a.interrupted;
             return a.run_failed() ? kBadInput : a.preserved() ? kPass : kCheckFailed;
           }};
 }

@@ -30,13 +30,16 @@ LauncherKind launcher_from(const std::string& name) {
 
 std::string report_dir(const CommonOptions& o) { return o.out.empty() ? new_report_dir("reports/out") : o.out; }
 
+std::string interrupted_line(int sig) {
+  return "# INTERRUPTED by " + signal_text(sig) +
+         ": every rank and every process the command started was stopped; this report is partial\n";
+}
+
 int finish(const Report& finished, const std::string& dir) {
   Report report = finished;
   report.interrupted = interrupt_signal();  // NOTE [interrupt]
   std::cout << report_table(report);
-  if (report.interrupted)
-    std::cout << "# INTERRUPTED by " << signal_text(report.interrupted)
-              << ": every rank and every process the command started was stopped; this report is partial\n";
+  if (report.interrupted) std::cout << interrupted_line(report.interrupted);
   write_report_files(report, dir);
   std::cout << "# report: " << dir << "/report.json (also report.md, junit.xml, report.html)\n";
   if (report.interrupted) return 128 + report.interrupted;

@@ -43,6 +43,8 @@ LauncherKind launcher_from(const std::string& name);
 std::string report_dir(const CommonOptions& o);
 /// Prints the console table, writes the report files into `dir`, and returns the exit code.
 int finish(const Report& report, const std::string& dir);
+/// The console line of an interrupted command (NOTE [interrupt]): "# INTERRUPTED by SIGTERM: ...".
+std::string interrupted_line(int sig);
 
 Verb add_run_verb(CLI::App& app, CommonOptions& o);
 /// `gradcert check RUN_DIR`: a run folder's artifacts checked again, no rank launched.

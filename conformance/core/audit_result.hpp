@@ -81,6 +81,9 @@ struct AuditReport {
   std::string memory;                    ///< memory side by side, or why it is not shown
   std::vector<std::string> differences;  ///< empty: the migration preserves training semantics
   bool compared = false;                 ///< both runs produced artifacts and were compared
+  /// gradcert was interrupted by this signal (SIGINT / SIGTERM; NOTE [interrupt]): the side it
+  /// was running was stopped, a side not yet started was not run, nothing was compared. 0 otherwise.
+  int interrupted = 0;
 
   /// Both sides passed every check and agree with each other within the tolerance.
   bool preserved() const { return differences.empty() && compared; }

@@ -67,10 +67,12 @@ const char* file_kind(mode_t mode) {
 // file read back from it is opened without following a symbolic link (O_NOFOLLOW: a link to
 // /dev/zero or to a file outside the run folder is refused, never read) and without blocking
 // (O_NONBLOCK: a FIFO would wait for a writer forever, after the run's timeout no longer
-// applies), must then be a regular file (fstat), and is read only up to the reader's cap: the
-// bytes the plan implies for a tensor file, kMaxTextFileBytes for JSON. The manifest names
-// plain files (no '/', no ".."), so every read stays inside the run folder. A refused file
-// is named with what it is, never with its bytes.
+// applies), must then be a regular file (fstat) with one name (st_nlink 1: a hard link to a
+// file outside the run folder is the same file as the outside one, so no path check can
+// tell; gradcert, its ranks and the Python client write every file anew, never by link),
+// and is read only up to the reader's cap: the bytes the plan implies for a tensor file,
+// kMaxTextFileBytes for JSON. The manifest names plain files (no '/', no ".."), so every read
+// stays inside the run folder. A refused file is named with what it is, never with its bytes.
 std::string read_regular_file(const std::string& path, uint64_t max_bytes) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) {
@@ -87,6 +89,10 @@ std::string read_regular_file(const std::string& path, uint64_t max_bytes) {
   struct stat st {};
   if (::fstat(fd, &st) != 0) throw ArtifactError(path + ": cannot stat: " + std::strerror(errno));
   if (!S_ISREG(st.st_mode)) throw ArtifactError(path + ": not a regular file (" + file_kind(st.st_mode) + ")");
+  if (st.st_nlink > 1)
+    throw ArtifactError(path + ": has " + std::to_string(st.st_nlink) +
+                        " hard links (gradcert reads only files the run wrote: a hard link may point outside the run "
+                        "folder)");
   const auto size = static_cast<uint64_t>(st.st_size);
   const auto too_big = [&](uint64_t n) {
     return ArtifactError(path + ": is " + std::to_string(n) + " bytes, more than the " + std::to_string(max_bytes) +

@@ -17,8 +17,8 @@ void write_file(const std::string& path, const std::string& text);
 void write_file_atomic(const std::string& path, const std::string& text);
 
 /// Reads a whole regular file of at most `max_bytes` (NOTE [artifact files]): a symbolic
-/// link, a FIFO, a device or a larger file throws ArtifactError naming the path and what it
-/// is, never echoing its bytes.
+/// link, a FIFO, a device, a file with more than one hard link or a larger file throws
+/// ArtifactError naming the path and what it is, never echoing its bytes.
 std::string read_regular_file(const std::string& path, uint64_t max_bytes);
 
 /// read_regular_file with the text cap (kMaxTextFileBytes).

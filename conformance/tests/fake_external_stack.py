@@ -21,6 +21,7 @@ fail the run naming the file (and the tensor):
   fifo-grads      u0.grads.safetensors is a FIFO no one writes
   zero-link       u0.grads.safetensors is a symbolic link to /dev/zero
   outside-link    u0.grads.safetensors is a symbolic link to secret.txt beside the run folder
+  outside-hardlink  u0.grads.safetensors is a hard link to secret.txt beside the run folder
 
 Every file echoes GRADCERT_RUN_NONCE as "nonce" (backends/PROTOCOL.md) unless MODE says not.
 """
@@ -126,6 +127,12 @@ def main():
             with open(target, "wb") as f:
                 f.write(b"PASSWORD" * 16)  # read as a header length, these 8 bytes were echoed
         os.symlink(target, victim)
+    if mode == "outside-hardlink":
+        os.remove(victim)
+        target = os.path.join(os.path.dirname(os.path.abspath(out)), "secret.txt")
+        with open(target, "wb") as f:
+            f.write(b"PASSWORD" * 16)
+        os.link(target, victim)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -188,14 +189,16 @@ TEST(HardeningCli, DeepSpecIsAnErrorNotACrash) {
 
 // (8) A FIFO grads file hung gradcert after the command had exited (the run timeout no longer
 // applied); a link to /dev/zero read gigabytes; a link outside the run folder was read and 8
-// of its bytes echoed into the report (as a header length). Each now fails the run at once,
-// naming the file and what it is.
+// of its bytes echoed into the report (as a header length); a hard link to a file outside it
+// was read as the run's own. Each now fails the run at once, naming the file and what it is.
 TEST(ConformanceHardeningArtifacts, SpecialFilesAndLinksFailTheRunNamingTheFile) {
   const std::string root = test::fresh_dir("gradcert_artifact_files", "runs");
   for (const auto& [mode, what] : std::vector<std::pair<std::string, std::string>>{
            {"fifo-grads", "not a regular file (a FIFO)"},
            {"zero-link", "is a symbolic link (gradcert reads only regular files inside the run folder)"},
-           {"outside-link", "is a symbolic link (gradcert reads only regular files inside the run folder)"}}) {
+           {"outside-link", "is a symbolic link (gradcert reads only regular files inside the run folder)"},
+           {"outside-hardlink", "has 2 hard links (gradcert reads only files the run wrote: a hard link may point "
+                                "outside the run folder)"}}) {
     const std::string dir = root + "/" + mode + "/run";
     const auto t0 = std::chrono::steady_clock::now();
     const RunReport r = run_backend(fake_request(mode, dir));
@@ -243,6 +246,66 @@ std::string slurp(const std::string& path) {
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
+// The shell command of an external stack that leaves processes behind: a background child and
+// one in a session of its own (their pids, then the command's own, go to `pids`).
+std::string lingering_command(const std::string& pids) {
+  return "sleep 1000 & echo $! > " + pids + "; setsid sleep 1000 & echo $! >> " + pids + "; echo $$ >> " + pids +
+         "; exec sleep 1000";
+}
+
+// gradcert started with `args` (console to dir/console.txt) and sent `sig` once the command
+// wrote its 3 pids to dir/pids; waits 20 s at most for it to end. Kills whatever of it
+// survived when it goes out of scope, so a failing test leaves nothing running.
+struct Interrupted {
+  int status = 0;
+  bool exited = false;
+  std::string console;
+  std::vector<pid_t> children;  ///< the command's processes (lingering_command)
+  ~Interrupted() {
+    for (pid_t p : children)
+      if (process_alive(p)) ::kill(p, SIGKILL);
+  }
+};
+
+void interrupt_cli(std::vector<std::string> args, const std::string& dir, int sig, Interrupted& got) {
+  const std::string pids = dir + "/pids", log = dir + "/console.txt";
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const pid_t gradcert = ::fork();
+  ASSERT_GE(gradcert, 0);
+  if (gradcert == 0) {
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(fd, 1);
+    ::dup2(fd, 2);
+    ::execv(argv[0], argv.data());
+    ::_exit(127);
+  }
+  for (int i = 0; i < 3000 && got.children.size() < 3; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    std::ifstream in(pids);
+    got.children.clear();
+    for (pid_t p; in >> p;) got.children.push_back(p);
+  }
+  if (got.children.size() < 3) ::kill(gradcert, SIGKILL);
+  ASSERT_EQ(got.children.size(), 3u) << slurp(log);
+  ASSERT_EQ(::kill(gradcert, sig), 0);
+  int status = 0;
+  bool ended = false;
+  for (int i = 0; i < 2000 && !(ended = ::waitpid(gradcert, &status, WNOHANG) == gradcert); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  if (!ended) {
+    ::kill(gradcert, SIGKILL);
+    ::waitpid(gradcert, &status, 0);
+  }
+  got.console = slurp(log);
+  got.status = status;
+  got.exited = ended && WIFEXITED(status);
+  ASSERT_TRUE(got.exited) << (ended ? "gradcert was killed by " + std::string(strsignal(WTERMSIG(status)))
+                                    : std::string("gradcert did not exit within 20 s of the signal"))
+                          << "\n" << got.console;
+}
+
 }  // namespace
 
 // (11) Ctrl-C / SIGTERM left no report and orphaned the stack's processes (a background child,
@@ -251,52 +314,53 @@ std::string slurp(const std::string& path) {
 TEST(HardeningCli, InterruptStopsEveryProcessAndWritesTheReport) {
   for (const auto& [sig, code] : std::vector<std::pair<int, int>>{{SIGTERM, 143}, {SIGINT, 130}}) {
     const std::string dir = test::fresh_dir("gradcert_interrupt", std::to_string(sig));
-    const std::string pids = dir + "/pids";
-    const std::string command = "sleep 1000 & echo $! > " + pids + "; setsid sleep 1000 & echo $! >> " + pids +
-                                "; sleep 1000";
-    std::vector<std::string> args = {GRADCERT_EXE, "run", "--backend", "external", "--world", "2",
-                                     "--command", command, "--out", dir + "/out"};
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    const std::string log = dir + "/console.txt";
-    const pid_t gradcert = ::fork();
-    ASSERT_GE(gradcert, 0);
-    if (gradcert == 0) {
-      const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      ::dup2(fd, 1);
-      ::dup2(fd, 2);
-      ::execv(argv[0], argv.data());
-      ::_exit(127);
-    }
-    std::vector<pid_t> children;
-    for (int i = 0; i < 3000 && children.size() < 2; ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      std::ifstream in(pids);
-      children.clear();
-      for (pid_t p; in >> p;) children.push_back(p);
-    }
-    ASSERT_EQ(children.size(), 2u) << slurp(log);
-    ASSERT_EQ(::kill(gradcert, sig), 0);
-    int status = 0;
-    for (int i = 0; i < 2000 && ::waitpid(gradcert, &status, WNOHANG) == 0; ++i)
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    ASSERT_TRUE(WIFEXITED(status)) << "gradcert did not exit within 20 s of the signal\n" << slurp(log);
-    EXPECT_EQ(WEXITSTATUS(status), code) << slurp(log);
-    const std::string console = slurp(log);
+    Interrupted got;
+    ASSERT_NO_FATAL_FAILURE(interrupt_cli({GRADCERT_EXE, "run", "--backend", "external", "--world", "2", "--command",
+                                           lingering_command(dir + "/pids"), "--out", dir + "/out"},
+                                          dir, sig, got));
+    EXPECT_EQ(WEXITSTATUS(got.status), code) << got.console;
     const std::string name = sig == SIGTERM ? "SIGTERM" : "SIGINT";
-    EXPECT_NE(console.find("# INTERRUPTED by " + name + ": every rank and every process the command started was "
-                           "stopped; this report is partial"),
+    EXPECT_NE(got.console.find("# INTERRUPTED by " + name + ": every rank and every process the command started was "
+                               "stopped; this report is partial"),
               std::string::npos)
-        << console;
+        << got.console;
     const auto report = nlohmann::json::parse(slurp(dir + "/out/report.json"));
     EXPECT_EQ(report["interrupted"], true);
     EXPECT_EQ(report["verdict"], "fail");
     EXPECT_EQ(report["runs"][0]["interrupted"], true);
     EXPECT_EQ(report["runs"][0]["error"].get<std::string>().rfind("interrupted by " + name + " after ", 0), 0u)
         << report["runs"][0]["error"];
-    for (pid_t p : children) EXPECT_FALSE(process_alive(p)) << "process " << p << " outlived gradcert";
+    for (pid_t p : got.children) EXPECT_FALSE(process_alive(p)) << "process " << p << " outlived gradcert";
   }
+}
+
+// (11) `gradcert audit` installed no handler: SIGTERM killed it with no audit.json, and the
+// before side's processes lived on (a failed run before this fix: gradcert was killed by
+// SIGTERM). Now it stops them, skips the after side, writes audit.json marked interrupted
+// and exits 143.
+TEST(HardeningCli, InterruptedAuditStopsEveryProcessAndWritesTheReport) {
+  const std::string dir = test::fresh_dir("gradcert_interrupt", "audit");
+  Interrupted got;
+  const std::string before = "external:" + lingering_command(dir + "/pids");
+  ASSERT_NO_FATAL_FAILURE(interrupt_cli(
+      {GRADCERT_EXE, "audit", "--before", before, "--after", "ddp", "--world", "2", "--out", dir + "/out"}, dir, SIGTERM,
+      got));
+  EXPECT_EQ(WEXITSTATUS(got.status), 143) << got.console;
+  EXPECT_NE(got.console.find("# INTERRUPTED by SIGTERM: every rank and every process the command started was "
+                             "stopped; this report is partial"),
+            std::string::npos)
+      << got.console;
+  const auto audit = nlohmann::json::parse(slurp(dir + "/out/audit.json"));
+  EXPECT_EQ(audit["interrupted"], true);
+  EXPECT_EQ(audit["verdict"], "error");
+  EXPECT_EQ(audit["before"]["interrupted"], true);
+  EXPECT_EQ(audit["before"]["error"].get<std::string>().rfind("interrupted by SIGTERM after ", 0), 0u)
+      << audit["before"]["error"];
+  EXPECT_EQ(audit["after"]["interrupted"], true);
+  EXPECT_EQ(audit["after"]["error"], "not run: gradcert was interrupted by SIGTERM before this side started");
+  for (const auto& e : fs::directory_iterator(dir + "/out/runs"))
+    EXPECT_EQ(e.path().filename().string().rfind("after-", 0), std::string::npos) << "the after side ran: " << e.path();
+  for (pid_t p : got.children) EXPECT_FALSE(process_alive(p)) << "process " << p << " outlived gradcert";
 }
 
 // (12) The external command's output had no cap (1.5 GB from a chatty stack): its log keeps

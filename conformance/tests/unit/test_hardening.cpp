@@ -225,6 +225,30 @@ TEST(ArtifactFiles, SpecialFilesAndLinksAreRefusedNamingTheFile) {
   EXPECT_EQ(read_error(dir), dir + ": not a regular file (a folder)");
 }
 
+// (8) A hard link to a file outside the run folder passed O_NOFOLLOW and the regular-file
+// check and was read as the run's own. A file with more than one link is refused, naming it
+// and its link count, whatever reads it (tensors, JSON); with one name left it reads again.
+TEST(ArtifactFiles, HardLinksAreRefusedNamingTheFile) {
+  const std::string dir = test::temp_dir("gradcert_unit_artifact_files", "hard");
+  const std::string secret = test::temp_dir("gradcert_unit_artifact_files", "hard_outside") + "/secret";
+  std::ofstream(secret) << "PASSWORD" << std::string(100, 'x');
+  const std::string why = " hard links (gradcert reads only files the run wrote: a hard link may point outside the "
+                          "run folder)";
+  const std::string grads = dir + "/u0.grads.safetensors";
+  fs::create_hard_link(secret, grads);
+  const std::string msg = read_error(grads);
+  EXPECT_EQ(msg, grads + ": has 2" + why);
+  uint64_t as_length = 0;
+  std::memcpy(&as_length, "PASSWORD", 8);
+  EXPECT_EQ(msg.find(std::to_string(as_length)), std::string::npos) << msg;
+  const std::string manifest = dir + "/manifest.json";
+  fs::create_hard_link(secret, manifest);
+  EXPECT_EQ(read_text_file_error(manifest), manifest + ": has 3" + why);
+  fs::remove(secret);
+  fs::remove(grads);
+  EXPECT_EQ(read_text_file_error(manifest), "(no error)");
+}
+
 // (8) A tensor file larger than its tensors and the 100 MiB header limit is refused from its
 // size (fstat), before a byte is read: here a sparse 8 GiB file.
 TEST(ArtifactFiles, ReadsAreCappedByTheSizeThePlanImplies) {

@@ -137,7 +137,12 @@ int worker_main(const WorkerArgs& args) {
     memory.rank = rank;
     measure_model_state(*backend, memory);
     backend.reset();  // the planned run's state is freed before the probes load theirs
-    measure_buckets(ctx, args.backend, args.run_dir, memory);
+    // NOTE [no probes in mutant runs] The per-bucket probes (6 more updates, 3 fresh backends
+    // and 3 checkpoints, 35-48% of a run's wall at 1e7 parameters) measure what the correct
+    // backend of this spec and strategy holds at its peaks; a planted bug changes what is
+    // computed, and certify runs the correct backend of the same spec beside it. So a mutant
+    // run measures its model state (memory.lower_bound) but no peaks (memory.budget skips).
+    if (ctx.mutant == Mutant::None) measure_buckets(ctx, args.backend, args.run_dir, memory);
     memory.process_high_water_bytes = process_high_water_bytes();
     write_rank_memory(args.run_dir, memory);
     if (ctx.pg) {

@@ -195,6 +195,18 @@ class TpBackend : public Backend {
     return out;
   }
 
+  // NOTE [replica digests]: the replicated tensors under their own names (every TP peer and
+  // DP replica holds them whole: norms, embeddings, row-parallel biases, the head), and each
+  // slice under its name and TP rank (the DP replicas of that slice hold it).
+  NamedTensors replica_params() override {
+    NamedTensors out;
+    for (auto& p : model_->named_parameters())
+      out.emplace_back(tp_sharded(p.key()) ? p.key() + " [tp " + std::to_string(me_.tp) + "/" + std::to_string(tp_) + "]"
+                                           : p.key(),
+                       p.value());
+    return out;
+  }
+
   NamedTensors state_tensors() override {
     NamedTensors out;
     std::vector<std::pair<std::string, torch::Tensor>> named;

@@ -137,14 +137,25 @@ INSTANTIATE_TEST_SUITE_P(
 // A replica that drifts at the last update (lr x 1.01 on DP rank 1) changes nothing rank 0
 // writes: every artifact check passes; only replicas.agree (NOTE [replica digests]) sees it,
 // and names the rank. Correct ddp, zero1 and zero2 runs hold identical replicas on both
-// ranks (compared, not skipped).
+// ranks, as do tp (TP-replicated tensors on TP peers, slices on DP replicas) and pp (a stage
+// on its DP replicas) at world 4 (compared, not skipped).
 TEST(ConformanceReplicas, ADriftingReplicaIsCaughtOnlyByReplicasAgree) {
-  for (const std::string backend : {"ddp", "zero1", "zero2"}) {
-    RunRequest ok = request(backend, 2, 3, DType::Float64, "replicas_ok_" + backend);
+  struct Held {
+    std::string backend;
+    int world, tp, pp;
+  };
+  for (const Held& h : {Held{"ddp", 2, 1, 1}, Held{"zero1", 2, 1, 1}, Held{"zero2", 2, 1, 1}, Held{"tp", 4, 2, 1},
+                        Held{"pp", 4, 1, 2}}) {
+    RunRequest ok = request(h.backend, h.world, 3, DType::Float64, "replicas_ok_" + h.backend, h.tp, h.pp);
     const RunReport good = run_backend(ok);
     ASSERT_TRUE(good.error.empty()) << good.error;
+    bool seen = false;
     for (const auto& c : good.checks)
-      if (c.id == "replicas.agree") EXPECT_EQ(c.verdict, Verdict::Pass) << backend << ": " << c.detail;
+      if (c.id == "replicas.agree") {
+        seen = true;
+        EXPECT_EQ(c.verdict, Verdict::Pass) << h.backend << ": " << c.detail;
+      }
+    EXPECT_TRUE(seen) << h.backend;
   }
   RunRequest req = request("ddp", 2, 3, DType::Float64, "replicas_drift");
   req.inject = "replica-drift";

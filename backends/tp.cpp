@@ -132,6 +132,9 @@ class TpBackend : public Backend {
   std::string name() const override { return "tp"; }
   void validate(const Plan& plan, int world, Mutant mutant) const override {
     if (plan.pp != 1) throw std::invalid_argument("backend tp needs PP = 1 (TP x PP is not built in)");
+    if (mutant == Mutant::ReplicaDrift && plan.tp < 2)
+      throw std::invalid_argument("backend tp: --inject replica-drift needs TP >= 2 (the last TP rank drifts its "
+                                  "TP-replicated tensors)");
     Backend::validate(plan, world, mutant);
   }
   void validate_model(const ModelSpec& m, const Plan& plan) const override {
@@ -189,7 +192,20 @@ class TpBackend : public Backend {
     ctx.mark("artifacts");
     std::vector<std::pair<std::string, torch::Tensor>> named;
     for (auto& p : model_->named_parameters()) named.emplace_back(p.key(), p.value());
+    // replica-drift under TP: the last TP rank steps its copies of the TP-replicated tensors
+    // with lr x 1.01 at the last update (e.g. a norm stepped by a per-rank schedule). The
+    // artifacts take replicated tensors from TP rank 0, so only replicas.agree can see it.
+    const bool drift = ctx.mutant == Mutant::ReplicaDrift && tp_ > 1 && me_.tp == tp_ - 1 &&
+                       update + 1 == static_cast<int>(ctx.plan->windows.size());
+    std::vector<std::pair<torch::Tensor, torch::Tensor>> before;  // (parameter, its value before the step)
+    if (drift)
+      for (auto& [n, p] : named)
+        if (!tp_sharded(n)) before.emplace_back(p, p.detach().clone());
     stepper_.step(ctx, update, named);
+    if (drift) {
+      torch::NoGradGuard no_grad;
+      for (auto& [p, old] : before) p.add_(p - old, 0.01);
+    }
     ctx.mark("optimizer step");
     out.params_after = assemble(ctx, false);
     return out;
@@ -241,7 +257,7 @@ class TpBackend : public Backend {
 
 const StrategyInfo& tp_strategy() {
   static const StrategyInfo info{"tp", Sharding::TP,
-                                 /*traits: data_parallel, final_allreduce, reduce_scatter, gathers_params, tp*/ {true, true, false, false, true},
+                                 /*traits: data_parallel, final_allreduce, reduce_scatter, gathers_params, tp, replica digests*/ {true, true, false, false, true, true},
                                  "Megatron TP x DP: all-reduce over the DP group; TP-partitioned tensors",
                                  "see backends/tp.cpp",
                                  {2, 2, 1}, std::vector<CertifyTopology>{{4, 2, 1}}, 4, [] { std::unique_ptr<Backend> b = std::make_unique<TpBackend>(); return b; }};

@@ -29,8 +29,9 @@ struct StrategyTraits {
   bool reduce_scatter = false;   ///< gradients reduce-scattered into shards
   bool gathers_params = false;   ///< parameters sharded and all-gathered for compute
   bool tensor_parallel = false;  ///< TP ranks inside a replica
-  /// Steps a full replica per rank through ReplicaState, which plants replica-drift (ddp;
-  /// ZeRO-1/2 also digest their gathered replicas for replicas.agree but step shards).
+  /// Digests what it holds whole and plants replica-drift: ddp through ReplicaState, tp on
+  /// its TP-replicated tensors (ZeRO-1/2 also digest their gathered replicas for
+  /// replicas.agree but step shards, and pp digests its stages, without the mutant).
   bool replica_digests = false;
 };
 

@@ -157,6 +157,13 @@ TEST(ConformanceReplicas, ADriftingReplicaIsCaughtOnlyByReplicasAgree) {
       }
     EXPECT_TRUE(seen) << h.backend;
   }
+  // Under TP the last TP rank drifts its copies of the TP-replicated tensors: the artifacts
+  // take those from TP rank 0, so again only replicas.agree sees it.
+  RunRequest tp = request("tp", 2, 3, DType::Float64, "replicas_drift_tp", 2, 1);
+  tp.inject = "replica-drift";
+  const RunReport t = run_backend(tp);
+  ASSERT_TRUE(t.error.empty()) << t.error;
+  EXPECT_EQ(t.detected_by(), std::vector<std::string>{"replicas.agree"});
   RunRequest req = request("ddp", 2, 3, DType::Float64, "replicas_drift");
   req.inject = "replica-drift";
   const RunReport r = run_backend(req);

@@ -137,8 +137,9 @@ class PpBackend : public Backend {
     return out;
   }
 
-  // NOTE [replica digests]: the stage's own parameters, whole; the DP replicas of a stage
-  // hold the same ones (PP peers hold other names, so nothing is compared across stages).
+  // What replicas.agree compares (NOTE [replica digests]): the stage's own parameters, whole; the
+  // DP replicas of a stage hold the same ones (PP peers hold other names, so nothing is compared
+  // across stages).
   NamedTensors replica_params() override { return owned_; }
 
   // The stage's own parameters, their gradients and the stepper's state (other stages'

@@ -211,9 +211,9 @@ class TpBackend : public Backend {
     return out;
   }
 
-  // NOTE [replica digests]: the replicated tensors under their own names (every TP peer and
-  // DP replica holds them whole: norms, embeddings, row-parallel biases, the head), and each
-  // slice under its name and TP rank (the DP replicas of that slice hold it).
+  // What replicas.agree compares (NOTE [replica digests]): the replicated tensors under their own
+  // names (every TP peer and DP replica holds them whole: norms, embeddings, row-parallel biases,
+  // the head), and each slice under its name and TP rank (the DP replicas of that slice hold it).
   NamedTensors replica_params() override {
     NamedTensors out;
     for (auto& p : model_->named_parameters())

@@ -167,6 +167,34 @@ Route floor_route(const Spec& spec) {
   return {scalar_type(spec.dtype), false};
 }
 
+// The reference (float64, the concatenated batch) and the second route, stepped side by side.
+struct RoutePair {
+  RoutePair(const Spec& spec, const TensorMap& initial, Route r)
+      : a(make_model(spec.model, initial, torch::kFloat64)), b(make_model(spec.model, initial, r.dtype)), route(r) {}
+
+  // One update from where both models stand: the reference's figures, and the second route's
+  // distance from them as the update's floor.
+  ReferenceUpdate update(const Spec& spec, const Window& w) {
+    ReferenceUpdate r;
+    r.update = w.update;
+    Evaluation ea = evaluate(spec, a, w, false, torch::kFloat64);
+    r.loss = ea.loss;
+    r.valid_targets = ea.valid_targets;
+    r.grads = std::move(ea.grads);
+    step_all(spec, w.update, a, slots_a, masters_a, torch::kFloat64);
+    r.params_after = params_of(a, DType::Float64);
+    Evaluation eb = evaluate(spec, b, w, route.pieces, route.dtype);
+    step_all(spec, w.update, b, slots_b, masters_b, route.dtype);
+    r.floor = floor_between(eb, params_of(b, dtype_of(route.dtype)), r);
+    return r;
+  }
+
+  TinyLM a, b;
+  Route route;
+  std::map<std::string, OptimizerSlot> slots_a, slots_b;
+  std::map<std::string, torch::Tensor> masters_a, masters_b;
+};
+
 }  // namespace
 
 std::vector<ReferenceUpdate> run_reference(const Spec& spec, const Plan& plan) {
@@ -201,26 +229,13 @@ References run_references(const Spec& spec, const Plan& plan, const std::vector<
   References out;
   const TensorMap initial = initial_params(spec);
   const Route route = floor_route(spec);
-  const DType route_dtype = dtype_of(route.dtype);
   const bool forced = run.size() == plan.windows.size();
 
   // Free-running: the reference and the second route, each along its own trajectory.
   {
-    TinyLM a = make_model(spec.model, initial, torch::kFloat64), b = make_model(spec.model, initial, route.dtype);
-    std::map<std::string, OptimizerSlot> slots_a, slots_b;
-    std::map<std::string, torch::Tensor> masters_a, masters_b;
+    RoutePair free(spec, initial, route);
     for (const auto& w : plan.windows) {
-      ReferenceUpdate r;
-      r.update = w.update;
-      Evaluation ea = evaluate(spec, a, w, false, torch::kFloat64);
-      r.loss = ea.loss;
-      r.valid_targets = ea.valid_targets;
-      r.grads = std::move(ea.grads);
-      step_all(spec, w.update, a, slots_a, masters_a, torch::kFloat64);
-      r.params_after = params_of(a, DType::Float64);
-      Evaluation eb = evaluate(spec, b, w, route.pieces, route.dtype);
-      step_all(spec, w.update, b, slots_b, masters_b, route.dtype);
-      r.floor = floor_between(eb, params_of(b, route_dtype), r);
+      ReferenceUpdate r = free.update(spec, w);
       if (forced) r.grads.clear();  // no check reads them (grad.parity is teacher-forced)
       out.free_running.push_back(std::move(r));
     }
@@ -229,27 +244,13 @@ References run_references(const Spec& spec, const Plan& plan, const std::vector<
 
   // Teacher-forced: both routes from the stack's parameters after the previous update; the
   // optimizer state of each route is built from its own gradients.
-  TinyLM a = make_model(spec.model, initial, torch::kFloat64), b = make_model(spec.model, initial, route.dtype);
-  std::map<std::string, OptimizerSlot> slots_a, slots_b;
-  std::map<std::string, torch::Tensor> masters_a, masters_b;
+  RoutePair pair(spec, initial, route);
   for (size_t u = 0; u < plan.windows.size(); ++u) {
-    const Window& w = plan.windows[u];
     const TensorMap& at = u == 0 ? initial : run[u - 1].params_after;
-    load_params(a, at, torch::kFloat64, static_cast<int>(u) - 1);
-    load_params(b, at, route.dtype, static_cast<int>(u) - 1);
-    masters_b.clear();  // bfloat16: the master starts from the stack's (bf16) weights
-    ReferenceUpdate r;
-    r.update = w.update;
-    Evaluation ea = evaluate(spec, a, w, false, torch::kFloat64);
-    r.loss = ea.loss;
-    r.valid_targets = ea.valid_targets;
-    r.grads = std::move(ea.grads);
-    step_all(spec, w.update, a, slots_a, masters_a, torch::kFloat64);
-    r.params_after = params_of(a, DType::Float64);
-    Evaluation eb = evaluate(spec, b, w, route.pieces, route.dtype);
-    step_all(spec, w.update, b, slots_b, masters_b, route.dtype);
-    r.floor = floor_between(eb, params_of(b, route_dtype), r);
-    out.forced.push_back(std::move(r));
+    load_params(pair.a, at, torch::kFloat64, static_cast<int>(u) - 1);
+    load_params(pair.b, at, route.dtype, static_cast<int>(u) - 1);
+    pair.masters_b.clear();  // bfloat16: the master starts from the stack's (bf16) weights
+    out.forced.push_back(pair.update(spec, plan.windows[u]));
   }
   return out;
 }

@@ -100,16 +100,17 @@ std::string reference_digest(const std::string& test, const std::string& name, c
       << " N(plan)=" << w.valid_targets << " N(reference)=" << r.valid_targets << " loss " << num(r.loss) << "\n";
     for (const auto& [tname, g] : r.grads) {
       double sq = 0, mx = 0;
-      for (double v : g.values) sq += v * v, mx = std::max(mx, std::abs(v));
+      const TensorValues gv = g.read();
+      for (double v : gv) sq += v * v, mx = std::max(mx, std::abs(v));
       const auto n = static_cast<size_t>(g.numel());
       o << "  grad " << tname << " [";
       for (size_t i = 0; i < g.shape.size(); ++i) o << (i ? "," : "") << g.shape[i];
-      o << "] norm " << num(std::sqrt(sq)) << " max " << num(mx) << " g[0] " << num(g.values[0]) << " g[" << n / 2
-        << "] " << num(g.values[n / 2]) << " g[" << n - 1 << "] " << num(g.values[n - 1]) << "\n";
+      o << "] norm " << num(std::sqrt(sq)) << " max " << num(mx) << " g[0] " << num(gv[0]) << " g[" << n / 2
+        << "] " << num(gv[n / 2]) << " g[" << n - 1 << "] " << num(gv[n - 1]) << "\n";
     }
     double psq = 0;
     for (const auto& [tname, p] : r.params_after)
-      for (double v : p.values) psq += v * v;
+      for (double v : p.read()) psq += v * v;
     o << "  params after step: norm " << num(std::sqrt(psq)) << "\n";
   }
   return o.str();

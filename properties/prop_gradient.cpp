@@ -57,7 +57,7 @@ std::vector<SimulatedWindow> simulate_ranks(const Spec& spec, const Plan& plan, 
     sim.N = N;
     sim.grads = grads_of(model, DType::Float64);
     for (auto& [name, t] : sim.grads)
-      for (auto& v : t.values) v /= plan.dp;
+      for (auto& v : t.held) v /= plan.dp;
     out.push_back(std::move(sim));
   }
   return out;

@@ -72,7 +72,7 @@ TensorMap assemble_full(RankContext& ctx, const FlatLayout& layout, DType dtype,
     h.shape = e.shape;
     h.dtype = dtype;
     const double* src = flat.data_ptr<double>() + e.offset;
-    h.values.assign(src, src + e.numel);
+    h.held.assign(src, src + e.numel);
     out[e.name] = std::move(h);
   }
   return out;

@@ -329,13 +329,9 @@ std::vector<TensorFigure> tensor_errors(const std::vector<ReferenceUpdate>& ref,
       f.update = static_cast<int>(u);
       f.tensor = name;
       f.grad_rel = rel(run[u].grads, name, g);
-      if (auto it = run[u].grads.find(name); it != run[u].grads.end() && it->second.values.size() == g.values.size()) {
+      if (auto it = run[u].grads.find(name); it != run[u].grads.end()) {
         long double dot = 0, rr = 0;
-        for (size_t i = 0; i < g.values.size(); ++i) {
-          dot += static_cast<long double>(it->second.values[i]) * g.values[i];
-          rr += static_cast<long double>(g.values[i]) * g.values[i];
-        }
-        if (rr > 0) f.grad_scale = static_cast<double>(dot / rr);
+        if (accumulate_projection(it->second, g, dot, rr) && rr > 0) f.grad_scale = static_cast<double>(dot / rr);
       }
       auto p = ref[u].params_after.find(name);
       f.param_rel = p == ref[u].params_after.end() ? std::numeric_limits<double>::quiet_NaN()
@@ -391,11 +387,7 @@ CheckResult check_grad_scale(const std::vector<ReferenceUpdate>& ref, const std:
     long double dot = 0, rr = 0;
     for (const auto& [name, r] : ref[u].grads) {
       auto it = run[u].grads.find(name);
-      if (it == run[u].grads.end() || it->second.values.size() != r.values.size()) continue;
-      for (size_t i = 0; i < r.values.size(); ++i) {
-        dot += static_cast<long double>(it->second.values[i]) * r.values[i];
-        rr += static_cast<long double>(r.values[i]) * r.values[i];
-      }
+      if (it != run[u].grads.end()) accumulate_projection(it->second, r, dot, rr);
     }
     if (!(rr > 0)) continue;
     const double s = static_cast<double>(dot / rr);

@@ -80,11 +80,13 @@ bool same_start(const std::vector<ReferenceUpdate>& ref, const std::vector<Backe
   long double d2 = 0, r2 = 0;
   for (const auto& [name, r] : ref[u - 1].params_after) {
     auto it = run[u - 1].params_after.find(name);
-    if (it == run[u - 1].params_after.end() || it->second.values.size() != r.values.size()) return false;
-    for (size_t i = 0; i < r.values.size(); ++i) {
-      const double e = it->second.values[i] - r.values[i];
-      d2 += static_cast<long double>(e) * e;
-      r2 += static_cast<long double>(r.values[i]) * r.values[i];
+    if (it == run[u - 1].params_after.end() || it->second.shape != r.shape) return false;
+    const TensorValues o = it->second.read(), e = r.read();
+    if (o.size() != e.size()) return false;
+    for (size_t i = 0; i < e.size(); ++i) {
+      const double d = o[i] - e[i];
+      d2 += static_cast<long double>(d) * d;
+      r2 += static_cast<long double>(e[i]) * e[i];
     }
   }
   return r2 > 0 && std::sqrt(static_cast<double>(d2 / r2)) <= tol;
@@ -111,21 +113,24 @@ Diagnosis diagnose(const std::vector<UpdatePieces>& pieces, const std::vector<Re
     std::vector<long double> diff2(cands.size(), 0);
     long double ref2 = 0;
     for (const auto& [name, gt] : g) {
-      const size_t n = gt.values.size();
+      const TensorValues gv = gt.read();
+      const size_t n = gv.size();
       std::vector<std::vector<double>> gc(cands.size(), std::vector<double>(n, 0));
       for (const auto& p : w.meta) {
         auto it = w.grads.find("r" + std::to_string(p.dp_rank) + ".a" + std::to_string(p.micro) + "." + name);
-        if (it == w.grads.end() || it->second.values.size() != n) continue;
+        if (it == w.grads.end() || it->second.numel() != static_cast<int64_t>(n)) continue;
+        const TensorValues pv = it->second.read();
+        if (pv.size() != n) continue;
         for (size_t c = 0; c < cands.size(); ++c) {
           const double k = cands[c].coefficient(p, w, dp, accum);
           if (k == 0) continue;
-          for (size_t i = 0; i < n; ++i) gc[c][i] += k * it->second.values[i];
+          for (size_t i = 0; i < n; ++i) gc[c][i] += k * pv[i];
         }
       }
       for (size_t i = 0; i < n; ++i) {
         ref2 += static_cast<long double>(gc[0][i]) * gc[0][i];
         for (size_t c = 0; c < cands.size(); ++c) {
-          const double e = gt.values[i] - gc[c][i];
+          const double e = gv[i] - gc[c][i];
           diff2[c] += static_cast<long double>(e) * e;
         }
       }

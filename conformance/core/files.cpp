@@ -50,6 +50,44 @@ void write_file_atomic(const std::string& path, const std::string& text) {
   }
 }
 
+AtomicFileWriter::AtomicFileWriter(const std::string& path)
+    : path_(path), tmp_(path + ".tmp." + std::to_string(::getpid())) {
+  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw ArtifactError(tmp_ + ": cannot open for writing: " + std::strerror(errno));
+}
+
+AtomicFileWriter::~AtomicFileWriter() {
+  if (fd_ >= 0) {
+    ::close(fd_);
+    std::remove(tmp_.c_str());
+  }
+}
+
+void AtomicFileWriter::append(const char* p, size_t left) {
+  while (left > 0) {
+    const ssize_t n = ::write(fd_, p, left);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) throw ArtifactError(tmp_ + ": cannot write: " + std::strerror(n < 0 ? errno : EIO));
+    p += n;
+    left -= static_cast<size_t>(n);
+  }
+}
+
+void AtomicFileWriter::commit() {
+  const int fd = fd_;
+  fd_ = -1;
+  if (::close(fd) != 0) {
+    const std::string why = std::strerror(errno);
+    std::remove(tmp_.c_str());
+    throw ArtifactError(tmp_ + ": cannot write: " + why);
+  }
+  if (std::rename(tmp_.c_str(), path_.c_str()) != 0) {
+    const std::string why = std::strerror(errno);
+    std::remove(tmp_.c_str());
+    throw ArtifactError(path_ + ": cannot rename temporary file into place: " + why);
+  }
+}
+
 namespace {
 
 const char* file_kind(mode_t mode) {
@@ -73,45 +111,60 @@ const char* file_kind(mode_t mode) {
 // and is read only up to the reader's cap: the bytes the plan implies for a tensor file,
 // kMaxTextFileBytes for JSON. The manifest names plain files (no '/', no ".."), so every read
 // stays inside the run folder. A refused file is named with what it is, never with its bytes.
-std::string read_regular_file(const std::string& path, uint64_t max_bytes) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) {
+ArtifactFile::ArtifactFile(const std::string& path, uint64_t max_bytes) : path_(path) {
+  fd_ = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd_ < 0) {
     const int err = errno;
     if (err == ENOENT) throw ArtifactError(path + ": cannot be read (missing?)");
     if (err == ELOOP)
       throw ArtifactError(path + ": is a symbolic link (gradcert reads only regular files inside the run folder)");
     throw ArtifactError(path + ": cannot be opened: " + std::strerror(err));
   }
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) throw ArtifactError(path + ": cannot stat: " + std::strerror(errno));
-  if (!S_ISREG(st.st_mode)) throw ArtifactError(path + ": not a regular file (" + file_kind(st.st_mode) + ")");
-  if (st.st_nlink > 1)
-    throw ArtifactError(path + ": has " + std::to_string(st.st_nlink) +
-                        " hard links (gradcert reads only files the run wrote: a hard link may point outside the run "
-                        "folder)");
-  const auto size = static_cast<uint64_t>(st.st_size);
-  const auto too_big = [&](uint64_t n) {
-    return ArtifactError(path + ": is " + std::to_string(n) + " bytes, more than the " + std::to_string(max_bytes) +
-                         " bytes gradcert reads for it");
-  };
-  if (size > max_bytes) throw too_big(size);
-  std::string out;
-  out.reserve(static_cast<size_t>(size));
-  char buf[64 << 10];
-  for (;;) {
-    const ssize_t n = ::read(fd, buf, sizeof buf);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      throw ArtifactError(path + ": cannot be read: " + std::strerror(errno));
-    }
-    if (n == 0) break;
-    if (out.size() + static_cast<uint64_t>(n) > max_bytes) throw too_big(out.size() + static_cast<uint64_t>(n));
-    out.append(buf, static_cast<size_t>(n));
+  try {
+    struct stat st {};
+    if (::fstat(fd_, &st) != 0) throw ArtifactError(path + ": cannot stat: " + std::strerror(errno));
+    if (!S_ISREG(st.st_mode)) throw ArtifactError(path + ": not a regular file (" + file_kind(st.st_mode) + ")");
+    if (st.st_nlink > 1)
+      throw ArtifactError(path + ": has " + std::to_string(st.st_nlink) +
+                          " hard links (gradcert reads only files the run wrote: a hard link may point outside the "
+                          "run folder)");
+    id_.device = static_cast<uint64_t>(st.st_dev);
+    id_.inode = static_cast<uint64_t>(st.st_ino);
+    id_.size = static_cast<uint64_t>(st.st_size);
+    id_.mtime_ns = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+    if (id_.size > max_bytes)
+      throw ArtifactError(path + ": is " + std::to_string(id_.size) + " bytes, more than the " +
+                          std::to_string(max_bytes) + " bytes gradcert reads for it");
+  } catch (...) {
+    ::close(fd_);
+    throw;
   }
+}
+
+ArtifactFile::~ArtifactFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void ArtifactFile::read_at(uint64_t offset, size_t n, char* dst) const {
+  size_t done = 0;
+  while (done < n) {
+    const ssize_t got = ::pread(fd_, dst + done, n - done, static_cast<off_t>(offset + done));
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      throw ArtifactError(path_ + ": cannot be read: " + std::strerror(errno));
+    }
+    if (got == 0)
+      throw ArtifactError(path_ + ": ends at byte " + std::to_string(offset + done) + ", before the " +
+                          std::to_string(offset + n) + " its header promised (truncated while read?)");
+    done += static_cast<size_t>(got);
+  }
+}
+
+std::string read_regular_file(const std::string& path, uint64_t max_bytes) {
+  const ArtifactFile f(path, max_bytes);
+  // The size fstat saw: a file that grows meanwhile is read only that far (the cap holds).
+  std::string out(static_cast<size_t>(f.size()), '\0');
+  f.read_at(0, out.size(), out.data());
   return out;
 }
 

@@ -1,7 +1,13 @@
 #include "conformance/core/tensors.hpp"
 
+#include "conformance/core/files.hpp"
+
 #include <cmath>
+#include <cstring>
 #include <limits>
+
+// The artifact formats are little-endian; values are copied as the host stores them.
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "gradcert reads and writes little-endian tensors");
 
 namespace gradcert {
 
@@ -46,8 +52,115 @@ int64_t HostTensor::numel() const {
   return n;
 }
 
+namespace {
+
+uint16_t float_to_bf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  if (std::isnan(f)) return static_cast<uint16_t>((bits >> 16) | 0x0040);
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+}  // namespace
+
+void decode_values(const char* src, DType d, size_t n, double* dst) {
+  switch (d) {
+    case DType::Float64:
+      if (static_cast<const void*>(src) != static_cast<const void*>(dst)) std::memmove(dst, src, n * sizeof(double));
+      return;
+    case DType::Float32:
+      // Back to front: element i (4 bytes at 4i) is read before dst[i] (8 bytes at 8i) overwrites
+      // the source elements 2i and 2i + 1, both >= i and so already converted.
+      for (size_t i = n; i-- > 0;) {
+        float f;
+        std::memcpy(&f, src + 4 * i, sizeof f);
+        dst[i] = f;
+      }
+      return;
+    case DType::BFloat16:
+      for (size_t i = n; i-- > 0;) {
+        uint16_t h;
+        std::memcpy(&h, src + 2 * i, sizeof h);
+        const uint32_t bits = static_cast<uint32_t>(h) << 16;
+        float f;
+        std::memcpy(&f, &bits, sizeof f);
+        dst[i] = f;
+      }
+      return;
+  }
+}
+
+void encode_values(const double* src, DType d, size_t n, char* dst) {
+  switch (d) {
+    case DType::Float64:
+      std::memcpy(dst, src, n * sizeof(double));
+      return;
+    case DType::Float32:
+      for (size_t i = 0; i < n; ++i) {
+        const float f = static_cast<float>(src[i]);
+        std::memcpy(dst + 4 * i, &f, sizeof f);
+      }
+      return;
+    case DType::BFloat16:
+      for (size_t i = 0; i < n; ++i) {
+        const uint16_t h = float_to_bf16(static_cast<float>(src[i]));
+        std::memcpy(dst + 2 * i, &h, sizeof h);
+      }
+      return;
+  }
+}
+
+// NOTE [streamed tensors] The checker holds at most a few tensors' values at a time: a
+// tensor read from an artifact file keeps only where its bytes lie (TensorSource), and every
+// reader takes its values through read(), which reads them from the file into a buffer that
+// lives as long as that one comparison. The stack's artifacts, the reference's (written to
+// the work folder as they are computed) and the diagnosis pieces are all streamed, so the
+// harness's memory is the reference model's own state plus O(the largest tensor), not
+// O(updates x parameters). Each read reopens the file under NOTE [artifact files] and refuses
+// one whose identity (device, inode, size, mtime) is not the one whose header was checked.
+TensorValues HostTensor::read() const {
+  TensorValues v;
+  if (!source) {
+    v.p_ = held.data();
+    v.n_ = held.size();
+    return v;
+  }
+  const size_t n = static_cast<size_t>(numel());
+  const ArtifactFile f(source->path, std::numeric_limits<uint64_t>::max());
+  const FileIdentity was{source->device, source->inode, source->size, source->mtime_ns};
+  if (!(f.identity() == was))
+    throw ArtifactError(source->path + ": tensor '" + name +
+                        "': the file changed after gradcert read its header (another inode, size or mtime)");
+  v.owned_.resize(n);
+  f.read_at(source->offset, n * static_cast<size_t>(dtype_bytes(dtype)), reinterpret_cast<char*>(v.owned_.data()));
+  decode_values(reinterpret_cast<const char*>(v.owned_.data()), dtype, n, v.owned_.data());
+  v.p_ = v.owned_.data();
+  v.n_ = n;
+  return v;
+}
+
+void HostTensor::hold() {
+  if (!source) return;
+  TensorValues v = read();
+  held.assign(v.begin(), v.end());
+  source.reset();
+}
+
+bool accumulate_projection(const HostTensor& observed, const HostTensor& expected, long double& dot,
+                           long double& rr) {
+  if (observed.shape != expected.shape) return false;
+  const TensorValues o = observed.read(), e = expected.read();
+  if (o.size() != e.size()) return false;
+  for (size_t i = 0; i < e.size(); ++i) {
+    dot += static_cast<long double>(o[i]) * e[i];
+    rr += static_cast<long double>(e[i]) * e[i];
+  }
+  return true;
+}
+
 TensorError compare_tensors(const HostTensor& observed, const HostTensor& expected) {
-  if (observed.shape != expected.shape || observed.values.size() != expected.values.size()) {
+  if (observed.shape != expected.shape || observed.numel() != expected.numel()) {
     auto dims = [](const std::vector<int64_t>& s) {
       std::string t = "[";
       for (size_t i = 0; i < s.size(); ++i) t += (i ? "," : "") + std::to_string(s[i]);
@@ -56,11 +169,15 @@ TensorError compare_tensors(const HostTensor& observed, const HostTensor& expect
     throw ArtifactError("tensor '" + expected.name + "': shape " + dims(observed.shape) + " but the reference has " +
                         dims(expected.shape));
   }
+  const TensorValues ov = observed.read(), ev = expected.read();
+  if (ov.size() != ev.size() || ev.size() != static_cast<size_t>(expected.numel()))
+    throw ArtifactError("tensor '" + expected.name + "': " + std::to_string(ov.size()) + " values against " +
+                        std::to_string(ev.size()) + " (shape holds " + std::to_string(expected.numel()) + ")");
   long double diff2 = 0, ref2 = 0;
   double max_abs = 0;
   TensorError out;
-  for (size_t i = 0; i < expected.values.size(); ++i) {
-    const double o = observed.values[i], e = expected.values[i];
+  for (size_t i = 0; i < ev.size(); ++i) {
+    const double o = ov[i], e = ev[i];
     const double d = o - e;
     diff2 += static_cast<long double>(d) * d;
     ref2 += static_cast<long double>(e) * e;

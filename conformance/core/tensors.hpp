@@ -2,6 +2,7 @@
 #pragma once
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -20,16 +21,57 @@ int dtype_bytes(DType d);
 /// safetensors spelling: "F64" | "F32" | "BF16".
 std::string safetensors_dtype(DType d);
 
-/// A dense row-major tensor with its canonical name. Values are held as double, which
-/// represents float32 and bfloat16 exactly; `dtype` records what it was computed in.
+/// Where a streamed tensor's values lie (NOTE [streamed tensors]): a byte range of a file
+/// gradcert read the header of, and that file's identity then (a read of a file that has
+/// changed since is refused).
+struct TensorSource {
+  std::string path;
+  uint64_t offset = 0;  ///< of the tensor's first byte in the file
+  uint64_t device = 0, inode = 0, size = 0;
+  int64_t mtime_ns = 0;
+};
+
+/// A tensor's values as one read sees them: a view of a held tensor's values, or a buffer
+/// of its own, read from the file for a streamed one (and freed with this object).
+class TensorValues {
+ public:
+  TensorValues() = default;
+  TensorValues(const TensorValues&) = delete;
+  TensorValues& operator=(const TensorValues&) = delete;
+  TensorValues(TensorValues&&) = default;
+  TensorValues& operator=(TensorValues&&) = default;
+  const double* data() const { return p_; }
+  size_t size() const { return n_; }
+  double operator[](size_t i) const { return p_[i]; }
+  const double* begin() const { return p_; }
+  const double* end() const { return p_ + n_; }
+
+ private:
+  friend struct HostTensor;
+  std::vector<double> owned_;  // a streamed tensor's values (the vector's buffer survives a move)
+  const double* p_ = nullptr;
+  size_t n_ = 0;
+};
+
+/// A dense row-major tensor with its canonical name. Values are double, which represents
+/// float32 and bfloat16 exactly; `dtype` records what it was computed in (and, streamed, what
+/// the file stores). Either `held` in memory, or streamed: `source` set, `held` empty, and
+/// read() reads them from the file each time (NOTE [streamed tensors]).
 struct HostTensor {
   std::string name;
   std::vector<int64_t> shape;
-  std::vector<double> values;
+  std::vector<double> held;  ///< the values, when held (empty for a streamed tensor)
   DType dtype = DType::Float64;
+  std::shared_ptr<const TensorSource> source;  ///< non-null: streamed
 
   /// Product of the shape (1 for a scalar).
   int64_t numel() const;
+  bool streamed() const { return source != nullptr; }
+  /// The values: a view of `held`, or read from the file (throws ArtifactError naming the file
+  /// and tensor when it cannot be read or has changed since its header was read).
+  TensorValues read() const;
+  /// Reads a streamed tensor into `held` and drops its source (for a caller that edits values).
+  void hold();
 };
 
 /// Tensors by canonical name (ordered, so reports and files are deterministic).
@@ -51,6 +93,19 @@ struct TensorError {
   int64_t first_nonfinite = -1;  ///< the first such flat (row-major) index, -1 if none
   double first_observed = 0, first_expected = 0;  ///< the two values there
 };
+/// Converts `n` little-endian values of dtype `d` at `src` to double at `dst`. `src` may lie at
+/// the start of `dst`'s own buffer (an in-place widening: a file read straight into the output).
+void decode_values(const char* src, DType d, size_t n, double* dst);
+/// Converts `n` doubles to dtype `d` (rounded to nearest even) as little-endian bytes at `dst`
+/// (n x dtype_bytes(d) bytes).
+void encode_values(const double* src, DType d, size_t n, char* dst);
+
+/// Adds <observed, expected> to `dot` and <expected, expected> to `rr` (the projection of the
+/// observed tensor on the expected one, NOTE [streamed tensors]: reads each once). Returns false,
+/// adding nothing, when their shapes differ.
+bool accumulate_projection(const HostTensor& observed, const HostTensor& expected, long double& dot,
+                           long double& rr);
+
 /// Compares `observed` with `expected`; throws ArtifactError naming the tensor when the shapes differ.
 TensorError compare_tensors(const HostTensor& observed, const HostTensor& expected);
 

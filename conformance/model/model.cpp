@@ -72,12 +72,13 @@ HostTensor to_host(const std::string& name, const torch::Tensor& t, DType dtype)
   h.dtype = dtype;
   h.shape.assign(t.sizes().begin(), t.sizes().end());
   auto flat = t.detach().to(torch::kFloat64).contiguous().view({-1});
-  h.values.assign(flat.data_ptr<double>(), flat.data_ptr<double>() + flat.numel());
+  h.held.assign(flat.data_ptr<double>(), flat.data_ptr<double>() + flat.numel());
   return h;
 }
 
 torch::Tensor from_host(const HostTensor& h, torch::ScalarType dtype) {
-  auto t = torch::from_blob(const_cast<double*>(h.values.data()), h.shape, torch::kFloat64);
+  const TensorValues v = h.read();  // a streamed tensor (the stack's parameters) is read here
+  auto t = torch::from_blob(const_cast<double*>(v.data()), h.shape, torch::kFloat64);
   return t.to(dtype).clone();
 }
 

@@ -3,8 +3,11 @@
 #include "conformance/core/dataset.hpp"
 #include "conformance/model/model.hpp"
 
+#include "conformance/protocol/safetensors.hpp"
+
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 
 namespace gradcert {
 
@@ -138,23 +141,21 @@ double scale_deviation(const TensorMap& other, const TensorMap& ref) {
   long double dot = 0, rr = 0;
   for (const auto& [name, r] : ref) {
     auto it = other.find(name);
-    if (it == other.end() || it->second.values.size() != r.values.size()) continue;
-    for (size_t i = 0; i < r.values.size(); ++i) {
-      dot += static_cast<long double>(it->second.values[i]) * r.values[i];
-      rr += static_cast<long double>(r.values[i]) * r.values[i];
-    }
+    if (it != other.end()) accumulate_projection(it->second, r, dot, rr);
   }
   return rr > 0 ? std::fabs(static_cast<double>(dot / rr) - 1) : 0;
 }
 
-UpdateFloor floor_between(const Evaluation& b, const TensorMap& b_params, const ReferenceUpdate& a) {
-  UpdateFloor f;
-  f.grad = worst_relative(b.grads, a.grads);
-  f.scale = scale_deviation(b.grads, a.grads);
-  f.loss = a.loss != 0 ? std::fabs(b.loss - a.loss) / std::fabs(a.loss) : std::fabs(b.loss);
-  f.params = worst_relative(b_params, a.params_after);
-  f.measured = true;
-  return f;
+// Writes `t` to `dir`/`file` and returns it streamed from there (NOTE [streamed tensors]);
+// with `dir` empty, returns it held.
+TensorMap spill(const std::string& dir, const std::string& file, TensorMap t) {
+  if (dir.empty()) return t;
+  const std::string path = dir + "/" + file;
+  write_safetensors(path, t);
+  std::map<std::string, TensorExpectation> expect;
+  for (const auto& [name, h] : t) expect[name] = {h.shape, h.dtype};
+  t.clear();  // the copy is on disk: free it before the next is made
+  return read_safetensors(path, expect);
 }
 
 // The second route of NOTE [noise floor]: pieces in float64, the concatenated batch otherwise.
@@ -167,56 +168,86 @@ Route floor_route(const Spec& spec) {
   return {scalar_type(spec.dtype), false};
 }
 
-// The reference (float64, the concatenated batch) and the second route, stepped side by side.
-struct RoutePair {
-  RoutePair(const Spec& spec, const TensorMap& initial, Route r)
-      : a(make_model(spec.model, initial, torch::kFloat64)), b(make_model(spec.model, initial, r.dtype)), route(r) {}
-
-  // One update from where both models stand: the reference's figures, and the second route's
-  // distance from them as the update's floor.
-  ReferenceUpdate update(const Spec& spec, const Window& w) {
-    ReferenceUpdate r;
-    r.update = w.update;
-    Evaluation ea = evaluate(spec, a, w, false, torch::kFloat64);
-    r.loss = ea.loss;
-    r.valid_targets = ea.valid_targets;
-    r.grads = std::move(ea.grads);
-    step_all(spec, w.update, a, slots_a, masters_a, torch::kFloat64);
-    r.params_after = params_of(a, DType::Float64);
-    Evaluation eb = evaluate(spec, b, w, route.pieces, route.dtype);
-    step_all(spec, w.update, b, slots_b, masters_b, route.dtype);
-    r.floor = floor_between(eb, params_of(b, dtype_of(route.dtype)), r);
-    return r;
+// One route's model and optimizer state. Each pass of a route runs alone, so the harness holds
+// one model at a time, and its tensors leave memory as soon as they are copied out.
+struct Stepper {
+  Stepper(const Spec& spec, const TensorMap& initial, Route r)
+      : model(make_model(spec.model, initial, r.dtype)), route(r) {}
+  // Teacher forcing: stand at `params` (the stack's after update `update`, or the initial weights).
+  void stand_at(const TensorMap& params, int update) {
+    load_params(model, params, route.dtype, update);
+    masters.clear();  // bfloat16: the master starts from the stack's (bf16) weights
   }
+  Evaluation evaluate_at(const Spec& spec, const Window& w) { return evaluate(spec, model, w, route.pieces, route.dtype); }
+  void step(const Spec& spec, const Window& w) { step_all(spec, w.update, model, slots, masters, route.dtype); }
+  TensorMap params() { return params_of(model, dtype_of(route.dtype)); }
 
-  TinyLM a, b;
+  TinyLM model;
   Route route;
-  std::map<std::string, OptimizerSlot> slots_a, slots_b;
-  std::map<std::string, torch::Tensor> masters_a, masters_b;
+  std::map<std::string, OptimizerSlot> slots;
+  std::map<std::string, torch::Tensor> masters;
 };
 
-}  // namespace
+// Where update u starts: free-running (`run` null) where the model stands, teacher-forced at the
+// stack's parameters after update u - 1 (update 0: the initial weights).
+void stand(Stepper& s, const TensorMap& initial, const std::vector<BackendUpdate>* run, size_t u) {
+  if (run) s.stand_at(u == 0 ? initial : (*run)[u - 1].params_after, static_cast<int>(u) - 1);
+}
 
-std::vector<ReferenceUpdate> run_reference(const Spec& spec, const Plan& plan) {
-  TinyLM model = make_model(spec.model, initial_params(spec), torch::kFloat64);
-  std::map<std::string, OptimizerSlot> slots;
-  std::map<std::string, torch::Tensor> no_masters;
+// The reference's pass (float64, the concatenated batch): one update per window, its tensors
+// spilled to `dir` under "u<k>.<tag>.*" (held when `dir` is empty).
+std::vector<ReferenceUpdate> reference_pass(const Spec& spec, const Plan& plan, const TensorMap& initial,
+                                            const std::vector<BackendUpdate>* run, const std::string& dir,
+                                            const std::string& tag) {
+  Stepper a(spec, initial, {torch::kFloat64, false});
   std::vector<ReferenceUpdate> out;
-  for (const auto& w : plan.windows) {
+  for (size_t u = 0; u < plan.windows.size(); ++u) {
+    const Window& w = plan.windows[u];
+    stand(a, initial, run, u);
     ReferenceUpdate r;
     r.update = w.update;
-    Evaluation e = evaluate(spec, model, w, /*pieces=*/false, torch::kFloat64);
+    Evaluation e = a.evaluate_at(spec, w);
     r.loss = e.loss;
     r.valid_targets = e.valid_targets;
-    r.grads = std::move(e.grads);
-    step_all(spec, w.update, model, slots, no_masters, torch::kFloat64);
-    r.params_after = params_of(model, DType::Float64);
+    const std::string stem = "u" + std::to_string(w.update) + "." + tag;
+    r.grads = spill(dir, stem + ".grads.safetensors", std::move(e.grads));
+    a.step(spec, w);
+    r.params_after = spill(dir, stem + ".params.safetensors", a.params());
     out.push_back(std::move(r));
   }
   return out;
 }
 
-References run_references(const Spec& spec, const Plan& plan, const std::vector<BackendUpdate>& run) {
+// The second route's pass, from the same ground as the reference's: each update's floor is its
+// distance from `ref` (read back from disk one tensor at a time).
+void floor_pass(const Spec& spec, const Plan& plan, const TensorMap& initial, Route route,
+                const std::vector<BackendUpdate>* run, std::vector<ReferenceUpdate>& ref) {
+  Stepper b(spec, initial, route);
+  for (size_t u = 0; u < plan.windows.size(); ++u) {
+    const Window& w = plan.windows[u];
+    stand(b, initial, run, u);
+    ReferenceUpdate& r = ref[u];
+    UpdateFloor& f = r.floor;
+    {
+      const Evaluation e = b.evaluate_at(spec, w);
+      f.grad = worst_relative(e.grads, r.grads);
+      f.scale = scale_deviation(e.grads, r.grads);
+      f.loss = r.loss != 0 ? std::fabs(e.loss - r.loss) / std::fabs(r.loss) : std::fabs(e.loss);
+    }
+    b.step(spec, w);
+    f.params = worst_relative(b.params(), r.params_after);
+    f.measured = true;
+  }
+}
+
+}  // namespace
+
+std::vector<ReferenceUpdate> run_reference(const Spec& spec, const Plan& plan) {
+  return reference_pass(spec, plan, initial_params(spec), nullptr, "", "");
+}
+
+References run_references(const Spec& spec, const Plan& plan, const std::vector<BackendUpdate>& run,
+                          const std::string& spill_dir) {
   // One intra-op thread, as the ranks and the Python runner use: the harness shares the
   // machine with the ranks, and OpenMP threads spinning on busy cores made the reference of a
   // 1M-parameter run 10x slower (measured: 43 s for `gradcert check` of 8 updates).
@@ -226,32 +257,26 @@ References run_references(const Spec& spec, const Plan& plan, const std::vector<
     int n;
     ~Restore() { torch::set_num_threads(n); }
   } restore{threads};
+  if (!spill_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(spill_dir, ec);
+    if (ec) throw ArtifactError(spill_dir + ": cannot create the reference's folder: " + ec.message());
+  }
   References out;
-  const TensorMap initial = initial_params(spec);
+  const TensorMap initial = spill(spill_dir, "initial.safetensors", initial_params(spec));
   const Route route = floor_route(spec);
   const bool forced = run.size() == plan.windows.size();
 
   // Free-running: the reference and the second route, each along its own trajectory.
-  {
-    RoutePair free(spec, initial, route);
-    for (const auto& w : plan.windows) {
-      ReferenceUpdate r = free.update(spec, w);
-      if (forced) r.grads.clear();  // no check reads them (grad.parity is teacher-forced)
-      out.free_running.push_back(std::move(r));
-    }
-  }
+  out.free_running = reference_pass(spec, plan, initial, nullptr, spill_dir, "free");
+  floor_pass(spec, plan, initial, route, nullptr, out.free_running);
   if (!forced) return out;
+  for (auto& r : out.free_running) r.grads.clear();  // no check reads them (grad.parity is teacher-forced)
 
   // Teacher-forced: both routes from the stack's parameters after the previous update; the
   // optimizer state of each route is built from its own gradients.
-  RoutePair pair(spec, initial, route);
-  for (size_t u = 0; u < plan.windows.size(); ++u) {
-    const TensorMap& at = u == 0 ? initial : run[u - 1].params_after;
-    load_params(pair.a, at, torch::kFloat64, static_cast<int>(u) - 1);
-    load_params(pair.b, at, route.dtype, static_cast<int>(u) - 1);
-    pair.masters_b.clear();  // bfloat16: the master starts from the stack's (bf16) weights
-    out.forced.push_back(pair.update(spec, plan.windows[u]));
-  }
+  out.forced = reference_pass(spec, plan, initial, &run, spill_dir, "forced");
+  floor_pass(spec, plan, initial, route, &run, out.forced);
   return out;
 }
 

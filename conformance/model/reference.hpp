@@ -1,5 +1,6 @@
 // The reference: one process, every example of an update in one concatenated batch, float64.
 #pragma once
+#include <string>
 #include <vector>
 
 #include "conformance/core/plan.hpp"
@@ -25,8 +26,12 @@ struct References {
 
 /// Both references for `run` (the stack's artifacts, read strictly), with their noise floors
 /// (NOTE [noise floor]). The free-running reference keeps no gradients when `forced` is
-/// computed (no check reads them then). Throws ArtifactError naming the update and tensor
-/// when the stack's parameters cannot be loaded.
-References run_references(const Spec& spec, const Plan& plan, const std::vector<BackendUpdate>& run);
+/// computed (no check reads them then). With `spill_dir` set (created), every tensor is written
+/// there as it is computed and returned streamed (NOTE [streamed tensors]): the caller holds
+/// one model's state, not every update's; the files must outlive the returned tensors. Each
+/// route runs its passes alone. Throws ArtifactError naming the update and tensor when the
+/// stack's parameters cannot be loaded, or the file when the folder cannot be written.
+References run_references(const Spec& spec, const Plan& plan, const std::vector<BackendUpdate>& run,
+                          const std::string& spill_dir = "");
 
 }  // namespace gradcert

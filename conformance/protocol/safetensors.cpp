@@ -47,59 +47,6 @@ void store_le(std::string& out, uint64_t v, size_t n) {
   for (size_t i = 0; i < n; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
 }
 
-uint16_t float_to_bf16(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, sizeof bits);
-  if (std::isnan(f)) return static_cast<uint16_t>((bits >> 16) | 0x0040);
-  bits += 0x7fffu + ((bits >> 16) & 1u);
-  return static_cast<uint16_t>(bits >> 16);
-}
-
-double decode_value(const char* p, DType d) {
-  switch (d) {
-    case DType::Float64: {
-      uint64_t bits = load_le(p, 8);
-      double v;
-      std::memcpy(&v, &bits, sizeof v);
-      return v;
-    }
-    case DType::Float32: {
-      uint32_t bits = static_cast<uint32_t>(load_le(p, 4));
-      float v;
-      std::memcpy(&v, &bits, sizeof v);
-      return v;
-    }
-    case DType::BFloat16: {
-      uint32_t bits = static_cast<uint32_t>(load_le(p, 2)) << 16;
-      float v;
-      std::memcpy(&v, &bits, sizeof v);
-      return v;
-    }
-  }
-  return 0.0;
-}
-
-void encode_value(std::string& out, double v, DType d) {
-  switch (d) {
-    case DType::Float64: {
-      uint64_t bits;
-      std::memcpy(&bits, &v, sizeof bits);
-      store_le(out, bits, 8);
-      return;
-    }
-    case DType::Float32: {
-      float f = static_cast<float>(v);
-      uint32_t bits;
-      std::memcpy(&bits, &f, sizeof bits);
-      store_le(out, bits, 4);
-      return;
-    }
-    case DType::BFloat16:
-      store_le(out, float_to_bf16(static_cast<float>(v)), 2);
-      return;
-  }
-}
-
 bool json_to_int64(const json& j, int64_t& out) {
   if (j.is_number_unsigned()) {
     uint64_t u = j.get<uint64_t>();
@@ -128,7 +75,7 @@ struct Entry {
 void write_safetensors(const std::string& path, const TensorMap& tensors,
                        const std::map<std::string, std::string>& metadata) {
   json header = json::object();
-  std::string data;
+  int64_t offset = 0;
   for (const auto& [name, t] : tensors) {
     if (name == "__metadata__")
       throw ArtifactError(path + ": tensor name '__metadata__' is reserved");
@@ -138,15 +85,15 @@ void write_safetensors(const std::string& path, const TensorMap& tensors,
                                      shape_text(t.shape));
       numel *= d;
     }
-    if (static_cast<int64_t>(t.values.size()) != numel)
-      throw ArtifactError(path + ": tensor '" + name + "': " + std::to_string(t.values.size()) +
+    if (!t.streamed() && static_cast<int64_t>(t.held.size()) != numel)
+      throw ArtifactError(path + ": tensor '" + name + "': " + std::to_string(t.held.size()) +
                           " values but shape " + shape_text(t.shape) + " holds " +
                           std::to_string(numel));
-    const int64_t begin = static_cast<int64_t>(data.size());
-    for (double v : t.values) encode_value(data, v, t.dtype);
+    const int64_t begin = offset;
+    offset += numel * dtype_bytes(t.dtype);
     header[name] = {{"dtype", safetensors_dtype(t.dtype)},
                     {"shape", t.shape},
-                    {"data_offsets", {begin, static_cast<int64_t>(data.size())}}};
+                    {"data_offsets", {begin, offset}}};
   }
   if (!metadata.empty()) header["__metadata__"] = metadata;
 
@@ -158,39 +105,34 @@ void write_safetensors(const std::string& path, const TensorMap& tensors,
   }
   header_text.append((8 - header_text.size() % 8) % 8, ' ');
 
-  std::string file;
-  file.reserve(8 + header_text.size() + data.size());
-  store_le(file, header_text.size(), 8);
-  file += header_text;
-  file += data;
-  write_file_atomic(path, file);
+  // One write per tensor, encoded in bulk (NOTE [streamed tensors]): never the whole file in memory.
+  AtomicFileWriter out(path);
+  std::string head;
+  store_le(head, header_text.size(), 8);
+  head += header_text;
+  out.append(head.data(), head.size());
+  std::vector<char> buf;
+  for (const auto& kv : tensors) {
+    const HostTensor& t = kv.second;
+    const TensorValues v = t.read();
+    buf.resize(v.size() * static_cast<size_t>(dtype_bytes(t.dtype)));
+    encode_values(v.data(), t.dtype, v.size(), buf.data());
+    out.append(buf.data(), buf.size());
+  }
+  out.commit();
 }
 
-TensorMap parse_safetensors(const std::string& label, const std::string& bytes,
-                            const std::map<std::string, TensorExpectation>& expect) {
+namespace {
+
+// A validated header: its tensors, by name order as nlohmann iterates the object.
+std::vector<Entry> parse_header(const std::string& label, const std::string& header_text, uint64_t data_len,
+                                const std::map<std::string, TensorExpectation>& expect) {
   auto fail = [&](const std::string& what) -> ArtifactError {
     return ArtifactError(label + ": " + what);
   };
   auto fail_tensor = [&](const std::string& name, const std::string& what) -> ArtifactError {
     return ArtifactError(label + ": tensor '" + name + "': " + what);
   };
-
-  if (bytes.size() < 8)
-    throw fail("file is " + std::to_string(bytes.size()) +
-               " bytes, shorter than the 8-byte safetensors header length");
-  const uint64_t header_len = load_le(bytes.data(), 8);
-  if (header_len == 0) throw fail("safetensors header length is 0");
-  if (header_len > kMaxHeaderBytes)
-    throw fail("safetensors header length " + std::to_string(header_len) +
-               " exceeds the 100 MiB limit");
-  if (header_len > bytes.size() - 8)
-    throw fail("safetensors header length " + std::to_string(header_len) + " exceeds the " +
-               std::to_string(bytes.size() - 8) + " bytes after the length field");
-
-  const std::string header_text = bytes.substr(8, header_len);
-  const char* data = bytes.data() + 8 + header_len;
-  const uint64_t data_len = bytes.size() - 8 - header_len;
-
   // As Python safetensors 0.8 reads it: the header starts with '{' and is JSON up to its
   // padding (spaces); a NUL would end nlohmann's input early and hide what follows it.
   if (header_text[0] != '{') throw fail("safetensors header does not start with '{'");
@@ -302,16 +244,41 @@ TensorMap parse_safetensors(const std::string& label, const std::string& bytes,
       if (!expect.count(e.name)) throw fail("tensor '" + e.name + "' is not expected");
   }
 
+  return entries;
+}
+
+// The length field and the header's bounds; returns the header length.
+uint64_t header_length(const std::string& label, const char* first8, uint64_t file_size) {
+  if (file_size < 8)
+    throw ArtifactError(label + ": file is " + std::to_string(file_size) +
+                        " bytes, shorter than the 8-byte safetensors header length");
+  const uint64_t header_len = load_le(first8, 8);
+  if (header_len == 0) throw ArtifactError(label + ": safetensors header length is 0");
+  if (header_len > kMaxHeaderBytes)
+    throw ArtifactError(label + ": safetensors header length " + std::to_string(header_len) +
+                        " exceeds the 100 MiB limit");
+  if (header_len > file_size - 8)
+    throw ArtifactError(label + ": safetensors header length " + std::to_string(header_len) + " exceeds the " +
+                        std::to_string(file_size - 8) + " bytes after the length field");
+  return header_len;
+}
+
+}  // namespace
+
+TensorMap parse_safetensors(const std::string& label, const std::string& bytes,
+                            const std::map<std::string, TensorExpectation>& expect) {
+  const uint64_t header_len = header_length(label, bytes.data(), bytes.size());
+  const std::vector<Entry> entries =
+      parse_header(label, bytes.substr(8, header_len), bytes.size() - 8 - header_len, expect);
+  const char* data = bytes.data() + 8 + header_len;
   TensorMap out;
   for (const Entry& e : entries) {
     HostTensor t;
     t.name = e.name;
     t.shape = e.shape;
     t.dtype = e.dtype;
-    t.values.reserve(static_cast<size_t>(e.numel));
-    const size_t step = static_cast<size_t>(dtype_bytes(e.dtype));
-    const char* p = data + e.begin;
-    for (int64_t i = 0; i < e.numel; ++i, p += step) t.values.push_back(decode_value(p, e.dtype));
+    t.held.resize(static_cast<size_t>(e.numel));
+    decode_values(data + e.begin, e.dtype, t.held.size(), t.held.data());
     out.emplace(e.name, std::move(t));
   }
   return out;
@@ -330,7 +297,31 @@ TensorMap read_safetensors(const std::string& path,
       cap += bytes;
     }
   }
-  return parse_safetensors(path, read_regular_file(path, cap), expect);
+  // Only the header is read now; the values are read where a check needs them (NOTE [streamed tensors]).
+  const ArtifactFile f(path, cap);
+  char first8[8] = {};
+  if (f.size() >= 8) f.read_at(0, 8, first8);
+  const uint64_t header_len = header_length(path, first8, f.size());
+  std::string header_text(static_cast<size_t>(header_len), '\0');
+  f.read_at(8, header_text.size(), header_text.data());
+  const std::vector<Entry> entries = parse_header(path, header_text, f.size() - 8 - header_len, expect);
+  TensorMap out;
+  for (const Entry& e : entries) {
+    auto src = std::make_shared<TensorSource>();
+    src->path = path;
+    src->offset = 8 + header_len + static_cast<uint64_t>(e.begin);
+    src->device = f.identity().device;
+    src->inode = f.identity().inode;
+    src->size = f.identity().size;
+    src->mtime_ns = f.identity().mtime_ns;
+    HostTensor t;
+    t.name = e.name;
+    t.shape = e.shape;
+    t.dtype = e.dtype;
+    t.source = std::move(src);
+    out.emplace(e.name, std::move(t));
+  }
+  return out;
 }
 
 }  // namespace gradcert

@@ -215,9 +215,22 @@ void check_artifacts(RunReport& report, const RunRequest& req, const Spec& spec,
     report.error = "interrupted by " + signal_text(sig) + " before the artifacts were read";
     return;
   }
+  // The C++ reference's tensors go to disk as they are computed (NOTE [streamed tensors]) and
+  // are removed once the checks have read them: they are recomputed by `gradcert check`.
+  const std::string spill_dir = work_dir + "/reference";
+  struct RemoveSpill {
+    std::string dir;
+    bool armed = false;
+    ~RemoveSpill() {
+      std::error_code ec;
+      if (armed) fs::remove_all(dir, ec);
+    }
+  } remove_spill{spill_dir};
   try {
-    const TensorMap shapes = spec.model.factory.empty() ? initial_params(spec)
-                                                        : read_safetensors(req.run_dir + "/initial.safetensors");
+    // Names, shapes and dtypes only: the values of the initial weights are not needed here.
+    TensorMap shapes = spec.model.factory.empty() ? initial_params(spec)
+                                                  : read_safetensors(req.run_dir + "/initial.safetensors");
+    for (auto& kv : shapes) kv.second.held = {};
     const auto artifacts = read_run(req.run_dir, plan, plan.world(), shapes, spec.dtype, nonce);
     // NOTE [sampler audit] The ledger and update size are checked against the plan (so a
     // duplicated or dropped example is a finding); the gradients against a reference over
@@ -242,8 +255,9 @@ void check_artifacts(RunReport& report, const RunRequest& req, const Spec& spec,
         report.diagnosis.note += "; NOTE: the model computes in lower precision inside although cast to float64 (" +
                                  ref.precision_note + ")";
     } else {
+      remove_spill.armed = true;
       References refs = run_references(spec, req.sampler_audit ? plan_from_consumed(spec, plan, artifacts) : plan,
-                                       artifacts);
+                                       artifacts, spill_dir);
       reference = std::move(refs.free_running);
       forced = std::move(refs.forced);
       report.diagnosis.note = "no diagnosis: the C++ reference computes no per-piece gradients (run with --model)";

@@ -168,7 +168,7 @@ torch::Tensor identical_ranks_gradient(const Spec& spec, const Plan& plan, int r
   const FlatLayout layout = FlatLayout::of(params);
   std::vector<double> flat;
   for (const auto& e : layout.entries)
-    flat.insert(flat.end(), params.at(e.name).values.begin(), params.at(e.name).values.end());
+    flat.insert(flat.end(), params.at(e.name).held.begin(), params.at(e.name).held.end());
   std::vector<double> seen = flat;
   for (const auto& g : gathered) {
     const int64_t s = (g.numel + plan.dp - 1) / plan.dp;
@@ -176,7 +176,7 @@ torch::Tensor identical_ranks_gradient(const Spec& spec, const Plan& plan, int r
       seen[g.begin + i] = r * s + i % s < g.numel ? flat[g.begin + r * s + i % s] : 0.0;  // padded tail: 0
   }
   for (const auto& e : layout.entries)
-    params.at(e.name).values.assign(seen.begin() + e.offset, seen.begin() + e.offset + e.numel);
+    params.at(e.name).held.assign(seen.begin() + e.offset, seen.begin() + e.offset + e.numel);
   TinyLM model = make_model(spec.model, params, torch::kFloat64);
   std::vector<Batch> batches;
   int64_t n_r = 0;

@@ -19,7 +19,7 @@ HostTensor tensor(const std::string& name, std::vector<double> v) {
   HostTensor t;
   t.name = name;
   t.shape = {static_cast<int64_t>(v.size())};
-  t.values = std::move(v);
+  t.held = std::move(v);
   return t;
 }
 
@@ -47,7 +47,7 @@ struct Fixture {
       b.loss = r.loss * (1 + 1e-16);
       b.valid_targets = r.valid_targets;
       b.grads = r.grads;
-      b.grads["a.weight"].values[0] += 1e-17;
+      b.grads["a.weight"].held[0] += 1e-17;
       b.params_after = r.params_after;
       for (int rank = 0; rank < plan.dp; ++rank) {
         RankRecord rr;
@@ -81,7 +81,7 @@ TEST(Checks, FaithfulRunPassesEveryCheck) {
 
 TEST(Checks, ScaledGradientFailsGradParity) {
   Fixture f;
-  for (auto& v : f.run[1].grads["a.weight"].values) v *= 2;  // e.g. a missing 1/D
+  for (auto& v : f.run[1].grads["a.weight"].held) v *= 2;  // e.g. a missing 1/D
   const auto c = f.check("grad.parity");
   EXPECT_EQ(c.verdict, Verdict::Fail);
   EXPECT_NEAR(c.figure, 1.0, 1e-12);
@@ -90,13 +90,13 @@ TEST(Checks, ScaledGradientFailsGradParity) {
 
 TEST(Checks, TinyGradientErrorOnOneElementIsSeen) {
   Fixture f;
-  f.run[2].grads["b.bias"].values[0] += 1e-9;
+  f.run[2].grads["b.bias"].held[0] += 1e-9;
   EXPECT_EQ(f.check("grad.parity").verdict, Verdict::Fail);
 }
 
 TEST(Checks, NanGradientFails) {
   Fixture f;
-  f.run[0].grads["b.bias"].values[0] = std::nan("");
+  f.run[0].grads["b.bias"].held[0] = std::nan("");
   const auto c = f.check("grad.parity");
   EXPECT_EQ(c.verdict, Verdict::Fail);
   EXPECT_TRUE(std::isnan(c.figure));
@@ -117,7 +117,7 @@ TEST(Checks, MissingOrMisshapenTensorFails) {
 
 TEST(Checks, WrongParametersFailParamsParity) {
   Fixture f;
-  f.run[2].params_after["b.bias"].values[0] = -1.001;
+  f.run[2].params_after["b.bias"].held[0] = -1.001;
   EXPECT_EQ(f.check("params.parity").verdict, Verdict::Fail);
   EXPECT_EQ(f.check("grad.parity").verdict, Verdict::Pass);
 }
@@ -265,15 +265,15 @@ TEST(Checks, GradientChecksJudgeTheTeacherForcedReference) {
   // The stack drifted from the free-running reference at update 1 (its parameters and so its
   // gradient differ), but its gradient is right where it stood: the forced reference.
   std::vector<ReferenceUpdate> forced = f.ref;
-  for (auto& v : f.run[1].grads["a.weight"].values) v += 1e-3;
-  for (auto& v : forced[1].grads["a.weight"].values) v += 1e-3;
+  for (auto& v : f.run[1].grads["a.weight"].held) v += 1e-3;
+  for (auto& v : forced[1].grads["a.weight"].held) v += 1e-3;
   forced[1].params_after = f.run[1].params_after;
   const auto all = run_checks(forced_input(f, forced, 10));
   EXPECT_EQ(find(all, "grad.parity").verdict, Verdict::Pass) << find(all, "grad.parity").detail;
   // Without the forced reference the same run fails grad.parity against the free-running one.
   EXPECT_EQ(f.check("grad.parity").verdict, Verdict::Fail);
   // A bug at the last update only is judged there, whatever the earlier updates did.
-  for (auto& v : f.run.back().grads["b.bias"].values) v *= 1.5;
+  for (auto& v : f.run.back().grads["b.bias"].held) v *= 1.5;
   const auto bug = find(run_checks(forced_input(f, forced, 10)), "grad.parity");
   EXPECT_EQ(bug.verdict, Verdict::Fail);
   EXPECT_NE(bug.detail.find("update " + std::to_string(f.run.size() - 1) + " b.bias"), std::string::npos) << bug.detail;
@@ -284,7 +284,7 @@ TEST(Checks, ToleranceIsFactorTimesTheNoiseFloorNeverBelowTheCalibratedOne) {
   std::vector<ReferenceUpdate> forced = f.ref;
   for (auto& r : forced) r.floor = {2e-9, 1e-9, 1e-9, 3e-9, true};
   forced[1].floor.grad = 4e-9;                        // the worst update's floor sets it
-  f.run[2].grads["a.weight"].values[2] *= 1 + 1e-8;   // rel L2 ~1e-8: above 1e-10, below 10 x 4e-9
+  f.run[2].grads["a.weight"].held[2] *= 1 + 1e-8;   // rel L2 ~1e-8: above 1e-10, below 10 x 4e-9
   const auto g = find(run_checks(forced_input(f, forced, 10)), "grad.parity");
   EXPECT_EQ(g.verdict, Verdict::Pass) << g.detail;
   EXPECT_DOUBLE_EQ(g.tolerance, 4e-8);
@@ -307,11 +307,11 @@ TEST(Checks, TrajectoryHoldsEachUpdateToItsOwnFloor) {
   Fixture f;
   std::vector<ReferenceUpdate> forced = f.ref;
   for (size_t u = 0; u < f.ref.size(); ++u) f.ref[u].floor = {0, 0, 0, 1e-9 * std::pow(10.0, u), true};  // grows
-  for (auto& v : f.run.back().params_after["a.weight"].values) v *= 1 + 1e-8;  // within 10 x the last floor
+  for (auto& v : f.run.back().params_after["a.weight"].held) v *= 1 + 1e-8;  // within 10 x the last floor
   auto c = find(run_checks(forced_input(f, forced, 10)), "params.trajectory");
   EXPECT_EQ(c.verdict, Verdict::Pass) << c.detail;
   // The same drift at update 0, whose floor is 1e-9, fails there.
-  for (auto& v : f.run.front().params_after["a.weight"].values) v *= 1 + 1e-7;
+  for (auto& v : f.run.front().params_after["a.weight"].held) v *= 1 + 1e-7;
   c = find(run_checks(forced_input(f, forced, 10)), "params.trajectory");
   EXPECT_EQ(c.verdict, Verdict::Fail) << c.detail;
   EXPECT_NE(c.detail.find("worst update 0 a.weight"), std::string::npos) << c.detail;

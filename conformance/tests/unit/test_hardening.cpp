@@ -51,7 +51,7 @@ HostTensor vec(const std::string& name, std::vector<double> v) {
   HostTensor t;
   t.name = name;
   t.shape = {static_cast<int64_t>(v.size())};
-  t.values = std::move(v);
+  t.held = std::move(v);
   return t;
 }
 

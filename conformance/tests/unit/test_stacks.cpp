@@ -34,7 +34,7 @@ HostTensor t1(std::vector<double> v) {
   HostTensor t;
   t.name = "w";
   t.shape = {static_cast<int64_t>(v.size())};
-  t.values = std::move(v);
+  t.held = std::move(v);
   return t;
 }
 

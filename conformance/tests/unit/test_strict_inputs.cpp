@@ -45,7 +45,7 @@ struct RunFolder {
     HostTensor t;
     t.name = "w";
     t.shape = {2};
-    t.values = {0.5, -0.25};
+    t.held = {0.5, -0.25};
     shapes[t.name] = t;
     std::vector<ManifestUpdate> m;
     for (const auto& w : plan.windows) {

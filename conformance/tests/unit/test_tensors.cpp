@@ -26,9 +26,14 @@ HostTensor tensor(const std::string& name, std::vector<int64_t> shape, std::vect
   HostTensor t;
   t.name = name;
   t.shape = std::move(shape);
-  t.values = std::move(values);
+  t.held = std::move(values);
   t.dtype = dtype;
   return t;
+}
+
+std::vector<double> vals(const HostTensor& t) {
+  const TensorValues v = t.read();
+  return {v.begin(), v.end()};
 }
 
 std::string le64(uint64_t v) {
@@ -76,6 +81,7 @@ TensorMap round_trip(const TensorMap& tensors, const std::string& file) {
   const std::string path = (scratch_dir() / file).string();
   write_safetensors(path, tensors, {{"producer", "gradcert"}});
   TensorMap out = read_safetensors(path);
+  for (auto& kv : out) kv.second.hold();  // read while the file is there
   fs::remove(path);
   return out;
 }
@@ -99,10 +105,10 @@ TEST(Safetensors, RoundTripFloat64) {
   TensorMap out = round_trip(in, "f64.safetensors");
   ASSERT_EQ(out.size(), 2u);
   EXPECT_EQ(out["w"].shape, (std::vector<int64_t>{2, 3}));
-  EXPECT_EQ(out["w"].values, in["w"].values);
+  EXPECT_EQ(vals(out["w"]), in["w"].held);
   EXPECT_EQ(out["w"].dtype, DType::Float64);
   EXPECT_EQ(out["w"].name, "w");
-  EXPECT_TRUE(std::isinf(out["v"].values[0]));
+  EXPECT_TRUE(std::isinf(vals(out["v"])[0]));
 }
 
 TEST(Safetensors, RoundTripFloat32) {
@@ -110,7 +116,7 @@ TEST(Safetensors, RoundTripFloat32) {
   in["x"] = tensor("x", {3}, {0.1, 1.5, -7.0}, DType::Float32);
   TensorMap out = round_trip(in, "f32.safetensors");
   EXPECT_EQ(out["x"].dtype, DType::Float32);
-  EXPECT_EQ(out["x"].values,
+  EXPECT_EQ(vals(out["x"]),
             (std::vector<double>{static_cast<float>(0.1), 1.5, -7.0}));
 }
 
@@ -120,7 +126,7 @@ TEST(Safetensors, RoundTripBFloat16RoundsToNearestEven) {
                    {1.00390625, 1.01171875, 1.0, -3.0, std::numeric_limits<double>::quiet_NaN()},
                    DType::BFloat16);
   TensorMap out = round_trip(in, "bf16.safetensors");
-  const auto& v = out["g"].values;
+  const std::vector<double> v = vals(out["g"]);
   ASSERT_EQ(v.size(), 5u);
   EXPECT_EQ(out["g"].dtype, DType::BFloat16);
   EXPECT_EQ(v[0], 1.0);       // halfway, ties to even mantissa
@@ -137,9 +143,36 @@ TEST(Safetensors, RoundTripScalarAndEmpty) {
   TensorMap out = round_trip(in, "scalar.safetensors");
   EXPECT_TRUE(out["loss"].shape.empty());
   EXPECT_EQ(out["loss"].numel(), 1);
-  EXPECT_EQ(out["loss"].values, (std::vector<double>{2.25}));
+  EXPECT_EQ(vals(out["loss"]), (std::vector<double>{2.25}));
   EXPECT_EQ(out["none"].shape, (std::vector<int64_t>{0}));
-  EXPECT_TRUE(out["none"].values.empty());
+  EXPECT_TRUE(vals(out["none"]).empty());
+}
+
+// NOTE [streamed tensors]: a tensor read from a file holds no values until a reader asks, and
+// a file that changed after its header was read is refused rather than read.
+TEST(Safetensors, ReadStreamsValuesAndRefusesAFileThatChanged) {
+  TensorMap in;
+  in["w"] = tensor("w", {2, 2}, {1.0, -2.0, 0.5, 3.0}, DType::Float32);
+  in["z"] = tensor("z", {3}, {0.25, 7.0, -1e300}, DType::Float64);
+  const std::string path = (scratch_dir() / "streamed.safetensors").string();
+  write_safetensors(path, in);
+  const TensorMap out = read_safetensors(path, {{"w", {{2, 2}, DType::Float32}}, {"z", {{3}, DType::Float64}}});
+  ASSERT_TRUE(out.at("w").streamed());
+  EXPECT_TRUE(out.at("w").held.empty());
+  EXPECT_EQ(vals(out.at("w")), in["w"].held);
+  EXPECT_EQ(vals(out.at("z")), in["z"].held);
+  in["w"].held[0] = 9.0;
+  write_safetensors(path, in);  // another file under the same name
+  try {
+    (void)out.at("w").read();
+    FAIL() << "a replaced file was read";
+  } catch (const ArtifactError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find(path), std::string::npos) << msg;
+    EXPECT_NE(msg.find("tensor 'w'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("changed after gradcert read its header"), std::string::npos) << msg;
+  }
+  fs::remove(path);
 }
 
 TEST(Safetensors, WriterLayoutIsAlignedAndSorted) {
@@ -185,7 +218,7 @@ TEST(Safetensors, AcceptsPaddedHeaderAndMetadata) {
   header.append(5, ' ');
   TensorMap out = parse_safetensors(kLabel, file_bytes(header, f32_bytes({1.0f, 2.0f})),
                                     {{"a", {{2}, DType::Float32}}});
-  EXPECT_EQ(out["a"].values, (std::vector<double>{1.0, 2.0}));
+  EXPECT_EQ(vals(out["a"]), (std::vector<double>{1.0, 2.0}));
 }
 
 TEST(Safetensors, RejectsTooShortFile) {

@@ -242,11 +242,11 @@ TEST(ConformanceCheck, InjectedMutantCheckedAgainStillFails) {
 }
 
 // Teacher forcing and the noise floor at size (NOTE [teacher forcing], NOTE [noise floor]):
-// a correct float32 ddp run of 2.7M parameters over 6 updates drifts from the free-running reference by ~1.9e-4, ten times the
-// calibrated float32 tolerance (2e-5), so a free-running comparison at a fixed tolerance
-// fails it. The teacher-forced checks pass it, each tolerance set from the run's own floor;
-// checked again with floor_factor 0 (the calibrated tolerances alone) it fails, on the
-// trajectory.
+// a correct float32 ddp run of 2.7M parameters over 6 updates drifts from the free-running
+// reference by 3.5e-3 at the last update (measured), 170 times the calibrated float32
+// tolerance (2e-5), so a free-running comparison at a fixed tolerance fails it. The
+// teacher-forced checks pass it, each tolerance set from the run's own floor; checked again
+// with floor_factor 0 (the calibrated tolerances alone) it fails, on the trajectory.
 TEST(ConformanceCheck, CorrectRunAtSizePassesOnTeacherForcingAndItsNoiseFloor) {
   const std::string root = test::fresh_dir("gradcert_check", "size");
   std::ofstream(root + "/spec.json")
@@ -256,7 +256,9 @@ TEST(ConformanceCheck, CorrectRunAtSizePassesOnTeacherForcingAndItsNoiseFloor) {
   const json report = json::parse(slurp(root + "/run/report.json"));
   std::map<std::string, json> checks;
   for (const auto& c : report["runs"][0]["checks"]) checks[c["id"]] = c;
-  EXPECT_GT(checks["params.trajectory"]["figure"].get<double>(), 2e-5 * 3);  // the free-running drift
+  // The trajectory passes held to its floors (its figure is the update with the largest
+  // error / tolerance, not the largest drift: that one is measured below, at the calibrated tolerance).
+  EXPECT_EQ(checks["params.trajectory"]["verdict"], "pass");
   for (const char* id : {"grad.parity", "params.parity", "loss.global_mean", "grad.scale"}) {
     EXPECT_EQ(checks[id]["verdict"], "pass") << id;
     EXPECT_GT(checks[id]["noise_floor"].get<double>(), 0) << id;
@@ -271,5 +273,8 @@ TEST(ConformanceCheck, CorrectRunAtSizePassesOnTeacherForcingAndItsNoiseFloor) {
   EXPECT_EQ(fixed.code, 1) << fixed.out;
   const json f = json::parse(slurp(root + "/fixed/report.json"));
   for (const auto& c : f["runs"][0]["checks"])
-    if (c["id"] == "params.trajectory") EXPECT_EQ(c["verdict"], "fail") << c.dump();
+    if (c["id"] == "params.trajectory") {
+      EXPECT_EQ(c["verdict"], "fail") << c.dump();
+      EXPECT_GT(c["figure"].get<double>(), 2e-5 * 3) << c.dump();  // the free-running drift (3.5e-3 measured)
+    }
 }

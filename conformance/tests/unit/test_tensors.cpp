@@ -148,7 +148,7 @@ TEST(Safetensors, RoundTripScalarAndEmpty) {
   EXPECT_TRUE(vals(out["none"]).empty());
 }
 
-// NOTE [streamed tensors]: a tensor read from a file holds no values until a reader asks, and
+// A tensor read from a file (NOTE [streamed tensors]) holds no values until a reader asks, and
 // a file that changed after its header was read is refused rather than read.
 TEST(Safetensors, ReadStreamsValuesAndRefusesAFileThatChanged) {
   TensorMap in;

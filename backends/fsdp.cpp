@@ -128,18 +128,21 @@ class FsdpBackend : public Backend {
     }
     ctx.mark("optimizer step");
 
+    // Artifacts (NOTE [shard artifacts]): each rank writes its shard of every unit.
+    UntimedScope untimed(ctx);
     const auto dtype = scalar_type(ctx.spec->dtype);
     auto fill = [&](bool grads) {
-      return [&, grads](torch::Tensor flat) {
+      return [&, grads](const FlatPut& put) {
         for (auto& u : units_) {
           const int64_t lo = u->shard->lo(), n = u->shard->hi() - lo;
           const auto& src = grads ? u->grad_shard : u->master;
-          flat.slice(0, u->shard->begin + lo, u->shard->begin + lo + n).copy_(src.slice(0, 0, n).to(dtype).to(torch::kFloat64));
+          if (n > 0) put(u->shard->begin + lo, src.slice(0, 0, n).to(dtype));
         }
       };
     };
-    out.grads = assemble_full(ctx, layout_, ctx.spec->dtype, fill(true));
-    out.params_after = assemble_full(ctx, layout_, ctx.spec->dtype, fill(false));
+    out.sharded = true;
+    out.grad_shards = flat_pieces(layout_, ctx.spec->dtype, fill(true));
+    out.param_shards = flat_pieces(layout_, ctx.spec->dtype, fill(false));
     return out;
   }
 

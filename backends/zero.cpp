@@ -109,14 +109,17 @@ RankUpdate ZeroState::run_update(RankContext& ctx, int update) {
   else if (!stale) free_params();
   ctx.mark("optimizer step");
 
-  // Artifacts: each DP rank owns its shard of the flat gradient and parameters.
+  // Artifacts (NOTE [shard artifacts]): each DP rank writes its shard of the flat gradient and
+  // parameters; nothing is gathered for them.
+  UntimedScope untimed(ctx);
   const int64_t lo = shard_->lo(), n = shard_->hi() - shard_->lo();
-  out.grads = assemble_full(ctx, layout_, ctx.spec->dtype, [&](torch::Tensor flat) {
-    flat.slice(0, lo, lo + n).copy_(grad_shard.slice(0, 0, n).to(torch::kFloat64));
-  });
   const auto dtype = scalar_type(ctx.spec->dtype);
-  out.params_after = assemble_full(ctx, layout_, ctx.spec->dtype, [&](torch::Tensor flat) {
-    flat.slice(0, lo, lo + n).copy_(master_.slice(0, 0, n).to(dtype).to(torch::kFloat64));
+  out.sharded = true;
+  out.grad_shards = flat_pieces(layout_, ctx.spec->dtype, [&](const FlatPut& put) {
+    if (n > 0) put(lo, grad_shard.slice(0, 0, n));
+  });
+  out.param_shards = flat_pieces(layout_, ctx.spec->dtype, [&](const FlatPut& put) {
+    if (n > 0) put(lo, master_.slice(0, 0, n).to(dtype));
   });
   return out;
 }

@@ -23,8 +23,10 @@ A-1 (FSDP1's no_sync). The forward still all-gathers parameters on every microst
 rank with an empty microbatch runs a zero-loss forward/backward on every microstep
 (NOTE [empty microbatch] in gradcert_model.py).
 
-Artifacts: the full gradient and parameters are gathered with DTensor.full_tensor()
-(a collective on every rank) outside the timed region; rank 0 writes them.
+Artifacts: per-rank shards (NOTE [shard artifacts], backends/PROTOCOL.md): every rank writes
+the local pieces of its DTensor gradients and parameters with their placement, outside the
+timed region; nothing is gathered (`--gather` writes full tensors from rank 0 instead, the
+version-1 layout, via DTensor.full_tensor()).
 """
 
 import argparse
@@ -52,24 +54,28 @@ class FSDP2Strategy(gm.Strategy):
     name = ADAPTER
     empty_microsteps_need_collectives = True  # forward all-gathers parameters
 
-    def __init__(self, model):
-        self.model = model
+    def __init__(self, model, gather=False):
+        self.model, self.gather = model, gather
 
     def microstep(self, last):
         self.model.set_requires_gradient_sync(last, recurse=True)
         return gm.contextlib.nullcontext()
 
+    # The gradients and parameters as the ranks hold them (DTensor shards), or gathered with --gather.
     def full_grads(self):
-        return {n: full(p.grad) if p.grad is not None else torch.zeros_like(full(p.detach()))
+        f = full if self.gather else (lambda t: t)
+        return {n: f(p.grad) if p.grad is not None else torch.zeros_like(f(p.detach()))
                 for n, p in self.model.named_parameters()}
 
     def full_params(self):
-        return {n: full(p.detach()) for n, p in self.model.named_parameters()}
+        f = full if self.gather else (lambda t: t)
+        return {n: f(p.detach()) for n, p in self.model.named_parameters()}
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     gm.add_common_args(ap)
+    ap.add_argument("--gather", action="store_true", help="write full tensors from rank 0 (artifacts schema 1)")
     args = ap.parse_args()
     run = gm.open_run()
     rank, world = gm.init_process_group(run)
@@ -84,8 +90,8 @@ def main():
     fully_shard(model, mesh=mesh, mp_policy=mp)
     optimizer = gm.make_optimizer(model.parameters(), run.plan.optimizer, args.optim)
     backend = gm.backend_name(ADAPTER, args.mutant)
-    writer = client.ArtifactWriter(run.out, rank, world, backend, run.plan.dtype)
-    gm.train(run, rank, world, model, FSDP2Strategy(model), optimizer, writer, mutant=args.mutant)
+    writer = client.ArtifactWriter(run.out, rank, world, backend, run.plan.dtype, shards=not args.gather)
+    gm.train(run, rank, world, model, FSDP2Strategy(model, args.gather), optimizer, writer, mutant=args.mutant)
     writer.finish({"optimizer": args.optim, "sampler": run.sampler},
                   notes="fully_shard per block + root; FSDP2 divides by D once (default divide factor); "
                         "backward D*S/N; no gradient sync on microsteps 0..A-2")

@@ -55,6 +55,45 @@ const FlatLayout::Entry& FlatLayout::at(const std::string& name) const {
   throw std::invalid_argument("no parameter '" + name + "' in the flat layout");
 }
 
+std::vector<ShardPiece> flat_pieces(const FlatLayout& layout, DType dtype,
+                                    const std::function<void(const FlatPut&)>& fill) {
+  std::vector<ShardPiece> out;
+  torch::NoGradGuard ng;
+  fill([&](int64_t begin, const torch::Tensor& values) {
+    const auto v = values.detach().to(torch::kFloat64).contiguous();
+    const double* src = v.data_ptr<double>();
+    const int64_t end = begin + v.numel();
+    for (const auto& e : layout.entries) {  // the tensors [begin, end) spans
+      const int64_t lo = std::max(begin, e.offset), hi = std::min(end, e.offset + e.numel);
+      if (lo >= hi) continue;
+      ShardPiece p;
+      p.tensor = e.name;
+      p.shape = e.shape;
+      p.flat_begin = lo - e.offset;
+      p.data.name = e.name;
+      p.data.shape = {hi - lo};
+      p.data.dtype = dtype;
+      p.data.held.assign(src + (lo - begin), src + (hi - begin));
+      out.push_back(std::move(p));
+    }
+  });
+  return out;
+}
+
+std::vector<ShardPiece> whole_pieces(const TensorMap& tensors, int replica) {
+  std::vector<ShardPiece> out;
+  for (const auto& [name, t] : tensors) {
+    ShardPiece p;
+    p.tensor = name;
+    p.shape = t.shape;
+    p.replica = replica;
+    p.offset.assign(t.shape.size(), 0);
+    p.data = t;
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
 TensorMap assemble_full(RankContext& ctx, const FlatLayout& layout, DType dtype,
                         const std::function<void(torch::Tensor flat)>& fill) {
   UntimedScope untimed(ctx);

@@ -29,6 +29,16 @@ struct FlatLayout {
 TensorMap assemble_full(RankContext& ctx, const FlatLayout& layout, DType dtype,
                         const std::function<void(torch::Tensor flat)>& fill);
 
+/// Puts a flat-layout range: `values` (1-D) at layout offset `begin`.
+using FlatPut = std::function<void(int64_t begin, const torch::Tensor& values)>;
+/// This rank's pieces for the shard artifacts (NOTE [shard artifacts]): `fill` puts every range
+/// of the flat layout the rank is the one owner of; each becomes one piece per tensor it spans
+/// (a row-major range of that tensor, in `dtype`), in replica group 0. No collective.
+std::vector<ShardPiece> flat_pieces(const FlatLayout& layout, DType dtype,
+                                    const std::function<void(const FlatPut&)>& fill);
+/// Whole tensors as pieces of replica group `replica` (a replica's or a pipeline stage's).
+std::vector<ShardPiece> whole_pieces(const TensorMap& tensors, int replica);
+
 /// A contiguous range [begin, begin + numel) of the flat layout split into D equal shards
 /// (the last padded), as ZeRO and FSDP split a flat parameter.
 struct FlatShard {

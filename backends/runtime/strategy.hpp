@@ -76,6 +76,10 @@ struct RankUpdate {
   double loss = 0;            ///< the backend's global loss
   int64_t valid_targets = 0;  ///< the N it used
   TensorMap grads, params_after;
+  /// Shard artifacts (NOTE [shard artifacts]): when set, every rank writes these pieces (its
+  /// own, possibly none) instead of rank 0 writing full `grads` / `params_after`.
+  bool sharded = false;
+  std::vector<ShardPiece> grad_shards, param_shards;
 };
 
 /// A training strategy. Defaults fail with a named message, so a backend overrides only

@@ -57,7 +57,7 @@ SideData read_side(const std::string& dir, const Plan& plan, int world, DType dt
   SideData d;
   // Names and shapes: the run already passed the harness's strict read against the
   // reference's; the audit compares the two sides' names with each other below.
-  const TensorMap shapes = read_safetensors(dir + "/u0.params.safetensors");
+  const TensorMap shapes = artifact_shapes(dir);
   d.updates = read_run(dir, plan, world, shapes, dtype, run_folder_nonce(dir));
   std::vector<double> steps;
   for (const auto& u : d.updates) steps.push_back(u.step_seconds);

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
+#include <cstring>
 #include <cstdio>
 #include <limits>
 #include <map>
@@ -272,8 +274,34 @@ CheckResult check_replicas_agree(const std::vector<BackendUpdate>& run, size_t e
       detail = "update " + std::to_string(u) + " " + name + ": rank " + off + " holds other values than rank " + on;
     }
   }
+  // Shard artifacts (NOTE [shard artifacts]): every other replica group's tensors against the
+  // lowest group's, element by element and exactly.
+  for (size_t u = 0; u < run.size(); ++u)
+    for (const ReplicaCopy& c : run[u].other_replicas)
+      for (auto [kind, mine, primary] : {std::tuple{"gradient", &c.grads, &run[u].grads},
+                                         {"parameters", &c.params_after, &run[u].params_after}})
+        for (const auto& [name, t] : *mine) {
+          auto it = primary->find(name);
+          if (it == primary->end()) continue;
+          ++compared;
+          const TensorValues a = t.read(), b = it->second.read();
+          size_t first = a.size();
+          for (size_t i = 0; i < a.size() && i < b.size(); ++i)
+            if (std::memcmp(a.data() + i, b.data() + i, sizeof(double)) != 0) {  // exact: NaN payloads and -0 too
+              first = i;
+              break;
+            }
+          if (first == a.size()) continue;
+          ++wrong;
+          if (!detail.empty()) continue;
+          detail = "update " + std::to_string(u) + " " + name + " (" + kind + "): replica group " +
+                   std::to_string(c.replica) + " (" + c.files + ") holds other values than the lowest group, first at "
+                   "element " + std::to_string(first) + ": " + num(a[first]) + " vs " + num(b[first]);
+        }
   if (compared == 0)
-    return {id, Verdict::Skip, 0, 0, "no tensor is held by two ranks that report replica digests (rank<g>.json replicas)"};
+    return {id, Verdict::Skip, 0, 0,
+            "no tensor is held by two ranks that report replica digests (rank<g>.json replicas) or by two replica "
+            "groups of shard artifacts"};
   if (detail.empty())
     detail = std::to_string(compared) + " (update, tensor) pairs held by several ranks, identical on every rank";
   else

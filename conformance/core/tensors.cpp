@@ -119,6 +119,22 @@ void encode_values(const double* src, DType d, size_t n, char* dst) {
 // harness's memory is the reference model's own state plus O(the largest tensor), not
 // O(updates x parameters). Each read reopens the file under NOTE [artifact files] and refuses
 // one whose identity (device, inode, size, mtime) is not the one whose header was checked.
+namespace {
+
+// Reads `p`'s values into `dst` (p.count doubles).
+void read_piece(const TensorPiece& p, const std::string& name, double* dst) {
+  const ArtifactFile f(p.path, std::numeric_limits<uint64_t>::max());
+  const FileIdentity was{p.device, p.inode, p.size, p.mtime_ns};
+  if (!(f.identity() == was))
+    throw ArtifactError(p.path + ": tensor '" + name +
+                        "': the file changed after gradcert read its header (another inode, size or mtime)");
+  const size_t n = static_cast<size_t>(p.count);
+  f.read_at(p.offset, n * static_cast<size_t>(dtype_bytes(p.dtype)), reinterpret_cast<char*>(dst));
+  decode_values(reinterpret_cast<const char*>(dst), p.dtype, n, dst);
+}
+
+}  // namespace
+
 TensorValues HostTensor::read() const {
   TensorValues v;
   if (!source) {
@@ -127,14 +143,39 @@ TensorValues HostTensor::read() const {
     return v;
   }
   const size_t n = static_cast<size_t>(numel());
-  const ArtifactFile f(source->path, std::numeric_limits<uint64_t>::max());
-  const FileIdentity was{source->device, source->inode, source->size, source->mtime_ns};
-  if (!(f.identity() == was))
-    throw ArtifactError(source->path + ": tensor '" + name +
-                        "': the file changed after gradcert read its header (another inode, size or mtime)");
   v.owned_.resize(n);
-  f.read_at(source->offset, n * static_cast<size_t>(dtype_bytes(dtype)), reinterpret_cast<char*>(v.owned_.data()));
-  decode_values(reinterpret_cast<const char*>(v.owned_.data()), dtype, n, v.owned_.data());
+  const auto& pieces = source->pieces;
+  if (pieces.size() == 1 && pieces[0].box.empty() && pieces[0].flat_begin == 0 &&
+      pieces[0].count == static_cast<int64_t>(n)) {
+    read_piece(pieces[0], name, v.owned_.data());  // a whole tensor: straight into the output
+  } else {
+    std::vector<double> buf;
+    for (const TensorPiece& p : pieces) {
+      if (p.box.empty()) {  // a row-major range
+        read_piece(p, name, v.owned_.data() + p.flat_begin);
+        continue;
+      }
+      // A box: its rows (the last dimension) land at strided places of the tensor.
+      buf.resize(static_cast<size_t>(p.count));
+      read_piece(p, name, buf.data());
+      const size_t dims = shape.size();
+      if (dims == 0 || p.count == 0) {
+        if (p.count) v.owned_[0] = buf[0];
+        continue;
+      }
+      const int64_t row = p.box[dims - 1];
+      std::vector<int64_t> idx(dims, 0);  // position inside the box, last dimension 0
+      for (int64_t src = 0; src < p.count; src += row) {
+        int64_t flat = 0;
+        for (size_t d = 0; d < dims; ++d) flat = flat * shape[d] + p.at[d] + idx[d];
+        std::copy(buf.begin() + src, buf.begin() + src + row, v.owned_.begin() + flat);
+        for (size_t d = dims - 1; d-- > 0;) {  // next row: carry through the outer dimensions
+          if (++idx[d] < p.box[d]) break;
+          idx[d] = 0;
+        }
+      }
+    }
+  }
   v.p_ = v.owned_.data();
   v.n_ = n;
   return v;

@@ -21,14 +21,24 @@ int dtype_bytes(DType d);
 /// safetensors spelling: "F64" | "F32" | "BF16".
 std::string safetensors_dtype(DType d);
 
-/// Where a streamed tensor's values lie (NOTE [streamed tensors]): a byte range of a file
-/// gradcert read the header of, and that file's identity then (a read of a file that has
-/// changed since is refused).
-struct TensorSource {
+/// One stretch of a streamed tensor's values in a file (NOTE [streamed tensors]): `count`
+/// values of `dtype` at byte `offset` of `path`, placed in the tensor at row-major index
+/// `flat_begin` onwards, or (with `box` set, NOTE [shard artifacts]) as a box of extent `box`
+/// at `at` (one offset per dimension). The file's identity when its header was read is kept:
+/// a read of a file that has changed since is refused.
+struct TensorPiece {
   std::string path;
-  uint64_t offset = 0;  ///< of the tensor's first byte in the file
+  uint64_t offset = 0;
+  DType dtype = DType::Float64;
+  int64_t flat_begin = 0, count = 0;
+  std::vector<int64_t> at, box;
   uint64_t device = 0, inode = 0, size = 0;
   int64_t mtime_ns = 0;
+};
+/// Where a streamed tensor's values lie: one piece (a tensor of one file), or the shards that
+/// tile it (checked to cover it exactly once when they were read).
+struct TensorSource {
+  std::vector<TensorPiece> pieces;
 };
 
 /// A tensor's values as one read sees them: a view of a held tensor's values, or a buffer

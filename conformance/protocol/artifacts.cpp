@@ -4,10 +4,13 @@
 #include "conformance/core/strict_json.hpp"
 #include "conformance/protocol/safetensors.hpp"
 
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <limits>
+#include <set>
 #include <sstream>
 
 namespace gradcert {
@@ -35,15 +38,53 @@ void write_update_tensors(const std::string& dir, int update, const TensorMap& g
   write_safetensors(dir + "/" + tensor_file(update, "params"), params, {{"update", std::to_string(update)}});
 }
 
+std::string shard_file(int update, int rank, const char* kind) {
+  return "u" + std::to_string(update) + ".rank" + std::to_string(rank) + "." + kind + ".safetensors";
+}
+
+void write_rank_shards(const std::string& dir, int update, int rank, const std::vector<ShardPiece>& grads,
+                       const std::vector<ShardPiece>& params) {
+  for (auto [kind, pieces] : {std::pair{"grads", &grads}, {"params", &params}}) {
+    TensorMap stored;
+    json placement = json::object();
+    for (const ShardPiece& p : *pieces) {
+      // The stored name: the tensor's, numbered when this rank holds several pieces of it.
+      std::string name = p.tensor;
+      for (int k = 1; stored.count(name); ++k) name = p.tensor + "#" + std::to_string(k);
+      json where = {{"tensor", p.tensor}, {"shape", p.shape}, {"replica", p.replica}};
+      if (p.flat_begin >= 0) where["flat"] = {p.flat_begin, p.flat_begin + p.data.numel()};
+      else where["offset"] = p.offset;
+      placement[name] = where;
+      HostTensor t = p.data;
+      t.name = name;
+      stored.emplace(name, std::move(t));
+    }
+    write_safetensors(dir + "/" + shard_file(update, rank, kind), stored,
+                      {{"update", std::to_string(update)}, {"gradcert.placement", placement.dump()}});
+  }
+}
+
 void write_manifest(const std::string& dir, const std::string& backend, int world,
-                    const std::vector<ManifestUpdate>& updates, const std::string& nonce) {
+                    const std::vector<ManifestUpdate>& updates, const std::string& nonce, bool shards) {
   json ups = json::array();
-  for (const auto& u : updates)
+  for (const auto& u : updates) {
     ups.push_back({{"update", u.update}, {"loss", u.loss}, {"valid_targets", u.valid_targets},
-                   {"step_seconds", u.step_seconds}, {"grads", tensor_file(u.update, "grads")},
-                   {"params", tensor_file(u.update, "params")}});
-  json j = {{"schema", "gradcert.artifacts/1"}, {"backend", backend}, {"world", world}, {"nonce", nonce},
-            {"updates", ups}};
+                   {"step_seconds", u.step_seconds}});
+    if (!shards) {
+      ups.back()["grads"] = tensor_file(u.update, "grads");
+      ups.back()["params"] = tensor_file(u.update, "params");
+      continue;
+    }
+    json g = json::array(), p = json::array();
+    for (int r = 0; r < world; ++r) {
+      g.push_back(shard_file(u.update, r, "grads"));
+      p.push_back(shard_file(u.update, r, "params"));
+    }
+    ups.back()["grads"] = g;
+    ups.back()["params"] = p;
+  }
+  json j = {{"schema", shards ? "gradcert.artifacts/2" : "gradcert.artifacts/1"}, {"backend", backend},
+            {"world", world}, {"nonce", nonce}, {"updates", ups}};
   write_file_atomic(dir + "/manifest.json", j.dump(1));
 }
 
@@ -118,7 +159,9 @@ std::vector<ManifestEntry> parse_manifest_json(const std::string& text, const st
                                                int world, const std::string& nonce) {
   const json manifest = parse_artifact_json(text, source);
   const Fields top{manifest, source};
-  top.schema("gradcert.artifacts/1");
+  const json& schema = top.at("schema");
+  const bool sharded = schema.is_string() && schema.get<std::string>() == "gradcert.artifacts/2";
+  if (!sharded) top.schema("gradcert.artifacts/1");
   top.nonce(nonce);
   if (top.integer("world") != world)
     top.fail("field 'world' is " + json_excerpt(manifest.at("world")) + ", the run has " + std::to_string(world));
@@ -135,11 +178,32 @@ std::vector<ManifestEntry> parse_manifest_json(const std::string& text, const st
     e.scalars.has_valid_targets = !f.null("valid_targets");
     if (e.scalars.has_valid_targets) e.scalars.valid_targets = f.integer("valid_targets", 0, INT64_MAX);
     e.scalars.step_seconds = f.number("step_seconds");
-    for (auto [key, target] : {std::pair{"grads", &e.grads}, {"params", &e.params}}) {
-      *target = f.string(key);
-      const std::string& name = *target;
+    auto file_name = [&](const char* key, const std::string& name) {
       if (name.empty() || name.find('/') != std::string::npos || name.find("..") != std::string::npos)
-        f.fail(std::string("field '") + key + "' must be a file name inside the run directory");
+        f.fail(std::string("field '") + key + "' must name files inside the run directory, got " + json_excerpt(name));
+    };
+    e.sharded = sharded;
+    if (!sharded) {
+      for (auto [key, target] : {std::pair{"grads", &e.grads}, {"params", &e.params}}) {
+        *target = f.string(key);
+        file_name(key, *target);
+      }
+      continue;
+    }
+    // Schema 2 (NOTE [shard artifacts]): a list of shard files per kind, each named once.
+    for (auto [key, target] : {std::pair{"grads", &e.grad_shards}, {"params", &e.param_shards}}) {
+      const json& list = f.at(key);
+      if (!list.is_array() || list.empty())
+        f.fail(std::string("field '") + key + "' must be a non-empty array of shard file names (schema 2), got " +
+               json_excerpt(list));
+      std::set<std::string> seen;
+      for (const json& v : list) {
+        if (!v.is_string()) f.fail(std::string("field '") + key + "' holds a non-string: " + json_excerpt(v));
+        file_name(key, v.get<std::string>());
+        if (!seen.insert(v.get<std::string>()).second)
+          f.fail(std::string("field '") + key + "' names file '" + v.get<std::string>() + "' twice");
+        target->push_back(v.get<std::string>());
+      }
     }
   }
   return out;
@@ -197,6 +261,207 @@ std::vector<RankRecord> parse_rank_record_json(const std::string& text, const st
   return out;
 }
 
+namespace {
+
+// One replica group of one update's shard files, assembled (NOTE [shard artifacts]).
+struct ReplicaGroup {
+  TensorMap tensors;  // every expected tensor, streamed from its pieces
+  std::string files;  // the files that hold its pieces, comma-separated
+};
+using Replicas = std::map<int, ReplicaGroup>;
+
+std::vector<int64_t> int_array(const Fields& f, const char* key, size_t want_size) {
+  const json& v = f.at(key);
+  if (!v.is_array() || v.size() != want_size)
+    f.fail(std::string("field '") + key + "' must be an array of " + std::to_string(want_size) + " integers, got " +
+           json_excerpt(v));
+  std::vector<int64_t> out;
+  for (const json& x : v) {
+    if (!x.is_number_integer() || (x.is_number_unsigned() && x.get<uint64_t>() > uint64_t(INT64_MAX)))
+      f.fail(std::string("field '") + key + "' holds a non-integer or out-of-range value: " + json_excerpt(x));
+    out.push_back(x.get<int64_t>());
+  }
+  return out;
+}
+
+// A placed piece: its values, where it lies as row-major intervals, and its file.
+struct Placed {
+  TensorPiece piece;
+  std::vector<std::pair<int64_t, int64_t>> intervals;
+  std::string file;
+};
+
+Replicas read_shards(const std::string& dir, const std::vector<std::string>& files,
+                     const std::map<std::string, TensorExpectation>& expect, const std::string& what) {
+  uint64_t model_bytes = 0;  // the cap of one file: one whole copy of the model (NOTE [artifact files])
+  for (const auto& kv : expect) {
+    uint64_t b = static_cast<uint64_t>(dtype_bytes(kv.second.dtype));
+    for (int64_t d : kv.second.shape) b *= static_cast<uint64_t>(std::max<int64_t>(d, 0));
+    model_bytes += b;
+  }
+  std::map<std::pair<std::string, int>, std::vector<Placed>> by_tensor;  // (tensor, replica) -> pieces
+  std::set<int> replicas;
+  std::map<int, std::set<std::string>> files_of;
+  for (const std::string& file : files) {
+    const std::string path = dir + "/" + file;
+    std::map<std::string, std::string> meta;
+    const TensorMap stored = open_safetensors(path, model_bytes, meta);
+    if (stored.empty()) continue;  // a rank that holds nothing of this kind
+    auto m = meta.find("gradcert.placement");
+    if (m == meta.end())
+      throw ArtifactError(path +
+                          ": no \"gradcert.placement\" metadata entry (a shard file says where each tensor lies)");
+    const json placement = parse_artifact_json(m->second, path + " \"gradcert.placement\"");
+    if (!placement.is_object()) throw ArtifactError(path + ": \"gradcert.placement\" is not a JSON object");
+    for (const auto& [key, value] : placement.items())
+      if (!stored.count(key)) throw ArtifactError(path + ": \"gradcert.placement\" places tensor '" + key +
+                                                  "', which the file does not hold");
+    for (const auto& [name, t] : stored) {
+      if (!placement.contains(name))
+        throw ArtifactError(path + ": tensor '" + name + "' has no entry in \"gradcert.placement\"");
+      const Fields f{placement.at(name), path + " placement of '" + name + "'"};
+      const std::string tensor = f.string("tensor");
+      auto e = expect.find(tensor);
+      if (e == expect.end()) f.fail("tensor '" + tensor + "' is not a parameter of the model");
+      const std::vector<int64_t>& shape = e->second.shape;
+      if (int_array(f, "shape", shape.size()) != shape) f.fail("field 'shape' is not tensor '" + tensor + "''s shape");
+      if (t.dtype != e->second.dtype)
+        f.fail("dtype " + dtype_name(t.dtype) + " but the plan expects " + dtype_name(e->second.dtype));
+      const int replica = static_cast<int>(f.integer("replica", 0, 1 << 20));
+      int64_t numel = 1;
+      for (int64_t d : shape) numel *= d;
+      Placed p;
+      p.piece = t.source->pieces.at(0);
+      p.file = file;
+      const bool flat = placement.at(name).contains("flat"), box = placement.at(name).contains("offset");
+      if (flat == box) f.fail("give exactly one of 'flat' ([begin, end) of the row-major tensor) and 'offset'");
+      if (flat) {
+        const auto be = int_array(f, "flat", 2);
+        if (be[0] < 0 || be[0] > be[1] || be[1] > numel)
+          f.fail("'flat' [" + std::to_string(be[0]) + ", " + std::to_string(be[1]) + ") is not a range of the " +
+                 std::to_string(numel) + " elements");
+        if (t.shape != std::vector<int64_t>{be[1] - be[0]})
+          f.fail("a 'flat' piece is stored 1-D with " + std::to_string(be[1] - be[0]) + " elements");
+        p.piece.flat_begin = be[0];
+        if (be[1] > be[0]) p.intervals.push_back({be[0], be[1]});
+      } else {
+        const auto at = int_array(f, "offset", shape.size());
+        if (t.shape.size() != shape.size()) f.fail("a box piece is stored with the tensor's number of dimensions");
+        for (size_t d = 0; d < shape.size(); ++d)
+          if (at[d] < 0 || at[d] + t.shape[d] > shape[d])
+            f.fail("the box of extent " + std::to_string(t.shape[d]) + " at offset " + std::to_string(at[d]) +
+                   " leaves dimension " + std::to_string(d) + " (" + std::to_string(shape[d]) + ")");
+        p.piece.at = at;
+        p.piece.box = t.shape;
+        if (t.numel() > 0) {  // its rows as row-major intervals
+          const size_t dims = shape.size();
+          const int64_t row = dims ? t.shape[dims - 1] : 1;
+          std::vector<int64_t> idx(dims, 0);
+          for (int64_t done = 0; done < t.numel(); done += row) {
+            int64_t fl = 0;
+            for (size_t d = 0; d < dims; ++d) fl = fl * shape[d] + at[d] + idx[d];
+            p.intervals.push_back({fl, fl + row});
+            for (size_t d = dims - 1; dims > 1 && d-- > 0;) {
+              if (++idx[d] < t.shape[d]) break;
+              idx[d] = 0;
+            }
+          }
+        }
+      }
+      replicas.insert(replica);
+      files_of[replica].insert(file);
+      by_tensor[{tensor, replica}].push_back(std::move(p));
+    }
+  }
+  if (replicas.empty()) throw ArtifactError(dir + ": " + what + ": the shard files hold no tensor");
+  Replicas out;
+  for (int r : replicas) {
+    ReplicaGroup& g = out[r];
+    for (const std::string& f : files_of[r]) g.files += (g.files.empty() ? "" : ", ") + f;
+    for (const auto& [tensor, want] : expect) {
+      int64_t numel = 1;
+      for (int64_t d : want.shape) numel *= d;
+      const std::string in = dir + ": " + what + ": replica " + std::to_string(r) + ": tensor '" + tensor + "'";
+      auto it = by_tensor.find({tensor, r});
+      std::vector<std::pair<std::pair<int64_t, int64_t>, const Placed*>> iv;
+      if (it != by_tensor.end())
+        for (const Placed& p : it->second)
+          for (const auto& x : p.intervals) iv.push_back({x, &p});
+      std::sort(iv.begin(), iv.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+      int64_t covered = 0;
+      const Placed* last = nullptr;
+      for (const auto& [x, p] : iv) {
+        if (x.first < covered)
+          throw ArtifactError(in + ": elements [" + std::to_string(x.first) + ", " +
+                              std::to_string(std::min(x.second, covered)) + ") are held twice (" + last->file +
+                              " and " + p->file + ")");
+        if (x.first > covered)
+          throw ArtifactError(in + ": elements [" + std::to_string(covered) + ", " + std::to_string(x.first) +
+                              ") of " + std::to_string(numel) + " are in no shard (files of the group: " + g.files +
+                              ")");
+        covered = x.second;
+        last = p;
+      }
+      if (covered < numel)
+        throw ArtifactError(in + ": elements [" + std::to_string(covered) + ", " + std::to_string(numel) + ") of " +
+                            std::to_string(numel) + " are in no shard (files of the group: " + g.files + ")");
+      HostTensor t;
+      t.name = tensor;
+      t.shape = want.shape;
+      t.dtype = want.dtype;
+      auto src = std::make_shared<TensorSource>();
+      if (it != by_tensor.end())
+        for (const Placed& p : it->second) src->pieces.push_back(p.piece);
+      if (numel == 0) t.held = {};  // nothing to read
+      else t.source = std::move(src);
+      g.tensors.emplace(tensor, std::move(t));
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+TensorMap artifact_shapes(const std::string& dir) {
+  const std::string mpath = dir + "/manifest.json";
+  const json m = parse_artifact_json(read_text_file(mpath), mpath);
+  const Fields top{m, mpath};
+  const json& ups = top.at("updates");
+  if (!ups.is_array() || ups.empty()) top.fail("field 'updates' must be a non-empty array");
+  const Fields first{ups[0], at_index(mpath, 0)};
+  const json& params = first.at("params");
+  if (params.is_string()) {
+    TensorMap t = read_safetensors(dir + "/" + params.get<std::string>());
+    for (auto& kv : t) kv.second.source.reset();  // names, shapes and dtypes only
+    return t;
+  }
+  if (!params.is_array()) first.fail("field 'params' must be a file name or a list of shard files");
+  TensorMap out;
+  for (const json& f : params) {
+    if (!f.is_string()) first.fail("field 'params' holds a non-string: " + json_excerpt(f));
+    const std::string name = f.get<std::string>();
+    if (name.empty() || name.find('/') != std::string::npos || name.find("..") != std::string::npos)
+      first.fail("field 'params' must name files inside the run directory, got " + json_excerpt(name));
+    std::map<std::string, std::string> meta;
+    const TensorMap stored = open_safetensors(dir + "/" + name, std::numeric_limits<uint64_t>::max() / 2, meta);
+    if (stored.empty() || !meta.count("gradcert.placement")) continue;
+    const json placement =
+        parse_artifact_json(meta["gradcert.placement"], dir + "/" + name + " \"gradcert.placement\"");
+    for (const auto& [key, t] : stored) {
+      if (!placement.is_object() || !placement.contains(key)) continue;  // read_run names the problem
+      const Fields pl{placement.at(key), dir + "/" + name + " placement of '" + key + "'"};
+      HostTensor h;
+      h.name = pl.string("tensor");
+      const json& shape = pl.at("shape");
+      if (!shape.is_array()) pl.fail("field 'shape' must be an array");
+      h.shape = int_array(pl, "shape", shape.size());
+      h.dtype = t.dtype;
+      out.emplace(h.name, std::move(h));
+    }
+  }
+  return out;
+}
+
 std::vector<BackendUpdate> read_run(const std::string& dir, const Plan& plan, int world, const TensorMap& expected,
                                     DType dtype, const std::string& nonce) {
   std::map<std::string, TensorExpectation> expect;
@@ -217,8 +482,38 @@ std::vector<BackendUpdate> read_run(const std::string& dir, const Plan& plan, in
     bu.has_loss = entries[u].scalars.has_loss;
     bu.has_valid_targets = entries[u].scalars.has_valid_targets;
     bu.step_seconds = entries[u].scalars.step_seconds;
-    bu.grads = read_safetensors(dir + "/" + entries[u].grads, expect);
-    bu.params_after = read_safetensors(dir + "/" + entries[u].params, expect);
+    if (!entries[u].sharded) {
+      bu.grads = read_safetensors(dir + "/" + entries[u].grads, expect);
+      bu.params_after = read_safetensors(dir + "/" + entries[u].params, expect);
+      continue;
+    }
+    Replicas g = read_shards(dir, entries[u].grad_shards, expect, "update " + std::to_string(u) + " gradients");
+    Replicas p = read_shards(dir, entries[u].param_shards, expect, "update " + std::to_string(u) + " parameters");
+    if (g.begin()->first != p.begin()->first)
+      throw ArtifactError(mpath + ": update " + std::to_string(u) + ": the lowest replica group of the gradients (" +
+                          std::to_string(g.begin()->first) + ") is not that of the parameters (" +
+                          std::to_string(p.begin()->first) + ")");
+    bu.grads = std::move(g.begin()->second.tensors);
+    bu.params_after = std::move(p.begin()->second.tensors);
+    for (auto it = std::next(g.begin()); it != g.end(); ++it) {
+      ReplicaCopy c;
+      c.replica = it->first;
+      c.files = it->second.files;
+      c.grads = std::move(it->second.tensors);
+      if (auto q = p.find(it->first); q != p.end()) {
+        c.params_after = std::move(q->second.tensors);
+        if (q->second.files != c.files) c.files += "; " + q->second.files;
+      }
+      bu.other_replicas.push_back(std::move(c));
+    }
+    for (auto it = std::next(p.begin()); it != p.end(); ++it)
+      if (!g.count(it->first)) {
+        ReplicaCopy c;
+        c.replica = it->first;
+        c.files = it->second.files;
+        c.params_after = std::move(it->second.tensors);
+        bu.other_replicas.push_back(std::move(c));
+      }
   }
   for (int r = 0; r < world; ++r) {
     const std::string rpath = dir + "/rank" + std::to_string(r) + ".json";

@@ -26,6 +26,14 @@ struct RankRecord {
   std::map<std::string, std::string> replicas;
 };
 
+/// Another replica group's copy of one update's tensors (shard artifacts, NOTE [shard
+/// artifacts]): replicas.agree holds it to the primary group's values exactly.
+struct ReplicaCopy {
+  int replica = 0;
+  std::string files;  ///< the files its pieces came from (for messages)
+  TensorMap grads, params_after;
+};
+
 /// What a backend produced for one update (full canonical tensors).
 struct BackendUpdate {
   int update = 0;
@@ -35,9 +43,10 @@ struct BackendUpdate {
   /// in backends/python/stacks/common.py); the loss / N checks skip that update.
   bool has_loss = true, has_valid_targets = true;
   std::vector<RankRecord> ranks;
-  TensorMap grads;
+  TensorMap grads;         ///< per-rank shards: the lowest replica group's, assembled on read
   TensorMap params_after;
   double step_seconds = 0;
+  std::vector<ReplicaCopy> other_replicas;  ///< per-rank shards: every other replica group's
 };
 
 /// How far a second, mathematically equal computation of one update lands from the
@@ -79,6 +88,30 @@ void write_rank_record(const std::string& dir, int rank, int dp_rank, const std:
 /// What rank 0 writes per update: <dir>/u<k>.grads.safetensors, u<k>.params.safetensors.
 void write_update_tensors(const std::string& dir, int update, const TensorMap& grads, const TensorMap& params);
 
+/// NOTE [shard artifacts] Per-rank shards (artifacts schema 2, backends/PROTOCOL.md): each
+/// rank writes the pieces of each tensor it holds, so no rank gathers a model it may not be able
+/// to hold. A piece says which canonical tensor it is part of, that tensor's shape, which
+/// replica group it belongs to, and where it lies: a row-major range (`flat`, as ZeRO and
+/// FSDP split a flat parameter) or a box at per-dimension offsets (`offset`, a TP slice or a
+/// DTensor Shard(dim)). gradcert checks that each replica group's pieces tile every tensor
+/// exactly once (a gap or an overlap names the tensor, the elements and the files), reads the
+/// lowest group's tensors as the stack's (each tensor assembled only when a check reads it, as
+/// in NOTE [streamed tensors]) and holds every other group's to it exactly (replicas.agree).
+struct ShardPiece {
+  std::string tensor;           ///< the canonical name
+  std::vector<int64_t> shape;   ///< the tensor's (global) shape
+  int replica = 0;              ///< its replica group
+  int64_t flat_begin = -1;      ///< >= 0: the row-major range [flat_begin, flat_begin + data.numel())
+  std::vector<int64_t> offset;  ///< otherwise: the box data.shape at these offsets
+  HostTensor data;              ///< the values (held), in the run's dtype
+};
+/// "u<update>.rank<rank>.<kind>.safetensors", kind "grads" | "params".
+std::string shard_file(int update, int rank, const char* kind);
+/// Writes this rank's pieces of one update: shard_file(update, rank, "grads" / "params"), each
+/// with its placement in the "gradcert.placement" metadata entry (possibly no pieces).
+void write_rank_shards(const std::string& dir, int update, int rank, const std::vector<ShardPiece>& grads,
+                       const std::vector<ShardPiece>& params);
+
 /// One update's scalar results for the manifest.
 struct ManifestUpdate {
   int update = 0;
@@ -87,18 +120,22 @@ struct ManifestUpdate {
   double step_seconds = 0;
   bool has_loss = true, has_valid_targets = true;  ///< false: null in manifest.json (not exposed)
 };
-/// Writes <dir>/manifest.json (rank 0, after the last update), carrying the run's nonce.
+/// Writes <dir>/manifest.json (rank 0, after the last update), carrying the run's nonce; with
+/// `shards`, schema 2 naming every rank's shard_file per update (NOTE [shard artifacts]).
 void write_manifest(const std::string& dir, const std::string& backend, int world,
-                    const std::vector<ManifestUpdate>& updates, const std::string& nonce);
+                    const std::vector<ManifestUpdate>& updates, const std::string& nonce, bool shards = false);
 
 /// One update as manifest.json states it.
 struct ManifestEntry {
   ManifestUpdate scalars;
-  std::string grads, params;  ///< tensor file names inside the run folder
+  std::string grads, params;  ///< schema 1: the full tensors' file names inside the run folder
+  std::vector<std::string> grad_shards, param_shards;  ///< schema 2: the shard files (NOTE [shard artifacts])
+  bool sharded = false;
 };
-/// Parses manifest.json text strictly: schema, `world`, `nonce` equal to `nonce`, one entry
-/// per plan window with integer `update` (= its index) and `valid_targets`, numeric `loss`
-/// and `step_seconds`, plain file names. Throws ArtifactError naming `source` and the field.
+/// Parses manifest.json text strictly: schema (1, or 2 with shard file lists), `world`,
+/// `nonce` equal to `nonce`, one entry per plan window with integer `update` (= its index)
+/// and `valid_targets`, numeric `loss` and `step_seconds`, plain file names. Throws
+/// ArtifactError naming `source` and the field.
 std::vector<ManifestEntry> parse_manifest_json(const std::string& text, const std::string& source, const Plan& plan,
                                                int world, const std::string& nonce);
 /// Parses rank<rank>.json text strictly: schema, integer `rank` (= rank) and `dp_rank` (= the
@@ -113,6 +150,11 @@ std::vector<RankRecord> parse_rank_record_json(const std::string& text, const st
 /// the file (and the rank, field or tensor).
 std::vector<BackendUpdate> read_run(const std::string& dir, const Plan& plan, int world, const TensorMap& expected,
                                     DType dtype, const std::string& nonce);
+
+/// The names, shapes and dtypes of a run folder's tensors, as its update 0 parameters say
+/// (a schema 1 file, or the placements of the schema 2 shard files), no values: for a reader
+/// without a plan's model (the audit). Throws ArtifactError naming the file.
+TensorMap artifact_shapes(const std::string& dir);
 
 /// What one rank measured of its memory: <dir>/rank<r>.memory.json (built-in backends).
 struct RankMemory {

@@ -126,7 +126,8 @@ namespace {
 
 // A validated header: its tensors, by name order as nlohmann iterates the object.
 std::vector<Entry> parse_header(const std::string& label, const std::string& header_text, uint64_t data_len,
-                                const std::map<std::string, TensorExpectation>& expect) {
+                                const std::map<std::string, TensorExpectation>& expect,
+                                std::map<std::string, std::string>* metadata = nullptr) {
   auto fail = [&](const std::string& what) -> ArtifactError {
     return ArtifactError(label + ": " + what);
   };
@@ -151,6 +152,7 @@ std::vector<Entry> parse_header(const std::string& label, const std::string& hea
       if (!value.is_object()) throw fail("\"__metadata__\" is not a JSON object");
       for (const auto& [key, v] : value.items())
         if (!v.is_string()) throw fail("\"__metadata__\" entry '" + key + "' is not a string");
+        else if (metadata) (*metadata)[key] = v.get<std::string>();
       continue;
     }
     if (!value.is_object()) throw fail_tensor(name, "header entry is not a JSON object");
@@ -284,6 +286,44 @@ TensorMap parse_safetensors(const std::string& label, const std::string& bytes,
   return out;
 }
 
+namespace {
+
+// The header of `path` (capped at `cap` bytes), its tensors streamed from the file.
+TensorMap open_header(const std::string& path, uint64_t cap, const std::map<std::string, TensorExpectation>& expect,
+                      std::map<std::string, std::string>* metadata) {
+  // Only the header is read now; the values are read where a check needs them (NOTE [streamed tensors]).
+  const ArtifactFile f(path, cap);
+  char first8[8] = {};
+  if (f.size() >= 8) f.read_at(0, 8, first8);
+  const uint64_t header_len = header_length(path, first8, f.size());
+  std::string header_text(static_cast<size_t>(header_len), '\0');
+  f.read_at(8, header_text.size(), header_text.data());
+  const std::vector<Entry> entries = parse_header(path, header_text, f.size() - 8 - header_len, expect, metadata);
+  TensorMap out;
+  for (const Entry& e : entries) {
+    TensorPiece piece;
+    piece.path = path;
+    piece.offset = 8 + header_len + static_cast<uint64_t>(e.begin);
+    piece.dtype = e.dtype;
+    piece.count = e.numel;
+    piece.device = f.identity().device;
+    piece.inode = f.identity().inode;
+    piece.size = f.identity().size;
+    piece.mtime_ns = f.identity().mtime_ns;
+    auto src = std::make_shared<TensorSource>();
+    src->pieces.push_back(std::move(piece));
+    HostTensor t;
+    t.name = e.name;
+    t.shape = e.shape;
+    t.dtype = e.dtype;
+    t.source = std::move(src);
+    out.emplace(e.name, std::move(t));
+  }
+  return out;
+}
+
+}  // namespace
+
 TensorMap read_safetensors(const std::string& path,
                            const std::map<std::string, TensorExpectation>& expect) {
   // The cap (NOTE [artifact files]): the expected tensors' bytes, the length field and a
@@ -297,31 +337,13 @@ TensorMap read_safetensors(const std::string& path,
       cap += bytes;
     }
   }
-  // Only the header is read now; the values are read where a check needs them (NOTE [streamed tensors]).
-  const ArtifactFile f(path, cap);
-  char first8[8] = {};
-  if (f.size() >= 8) f.read_at(0, 8, first8);
-  const uint64_t header_len = header_length(path, first8, f.size());
-  std::string header_text(static_cast<size_t>(header_len), '\0');
-  f.read_at(8, header_text.size(), header_text.data());
-  const std::vector<Entry> entries = parse_header(path, header_text, f.size() - 8 - header_len, expect);
-  TensorMap out;
-  for (const Entry& e : entries) {
-    auto src = std::make_shared<TensorSource>();
-    src->path = path;
-    src->offset = 8 + header_len + static_cast<uint64_t>(e.begin);
-    src->device = f.identity().device;
-    src->inode = f.identity().inode;
-    src->size = f.identity().size;
-    src->mtime_ns = f.identity().mtime_ns;
-    HostTensor t;
-    t.name = e.name;
-    t.shape = e.shape;
-    t.dtype = e.dtype;
-    t.source = std::move(src);
-    out.emplace(e.name, std::move(t));
-  }
-  return out;
+  return open_header(path, cap, expect, nullptr);
+}
+
+TensorMap open_safetensors(const std::string& path, uint64_t max_data_bytes,
+                           std::map<std::string, std::string>& metadata) {
+  metadata.clear();
+  return open_header(path, 8 + kMaxHeaderBytes + max_data_bytes, {}, &metadata);
 }
 
 }  // namespace gradcert

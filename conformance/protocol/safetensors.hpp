@@ -22,9 +22,16 @@ struct TensorExpectation {
 /// JSON well-formed, known dtypes, offsets inside the data section, in order, not
 /// overlapping and matching shape x dtype size. With `expect` non-empty, the set of names
 /// must match exactly and each tensor's shape and dtype must match. Any violation throws
-/// ArtifactError naming the file and the tensor. Never crashes on hostile input.
+/// ArtifactError naming the file and the tensor. Never crashes on hostile input. Only the
+/// header is read: the tensors are streamed (NOTE [streamed tensors]).
 TensorMap read_safetensors(const std::string& path,
                            const std::map<std::string, TensorExpectation>& expect = {});
+
+/// Reads a safetensors file's header as strictly as read_safetensors, with no expectation of
+/// its names (a shard file, NOTE [shard artifacts]): the file may hold at most `max_data_bytes`
+/// of tensor data; its "__metadata__" goes to `metadata`. The values are streamed.
+TensorMap open_safetensors(const std::string& path, uint64_t max_data_bytes,
+                           std::map<std::string, std::string>& metadata);
 
 /// Same as read_safetensors but from bytes in memory; `label` names the source in errors.
 /// (The entry point for a fuzz target.)

@@ -59,12 +59,14 @@ void maybe_fault(int rank, int update) {
     for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
 }
 
-// GRADCERT_FAULT="truncate:R:U": rank R cuts the last 8 bytes off u<U>.grads.safetensors.
-void maybe_corrupt(const std::string& dir, int rank, int update) {
+// GRADCERT_FAULT="truncate:R:U": rank R cuts the last 8 bytes off u<U>.grads.safetensors (its
+// own shard file in a sharded run).
+void maybe_corrupt(const std::string& dir, int rank, int update, bool sharded) {
   const char* f = std::getenv("GRADCERT_FAULT");
   int r = -1, u = -1;
   if (!f || std::sscanf(f, "truncate:%d:%d", &r, &u) != 2 || r != rank || u != update) return;
-  const std::string path = dir + "/u" + std::to_string(update) + ".grads.safetensors";
+  const std::string path = dir + "/" + (sharded ? shard_file(update, rank, "grads")
+                                                : "u" + std::to_string(update) + ".grads.safetensors");
   std::filesystem::resize_file(path, std::filesystem::file_size(path) - 8);
 }
 
@@ -110,6 +112,7 @@ int worker_main(const WorkerArgs& args) {
 
     std::vector<RankUpdateRecord> records;
     std::vector<ManifestUpdate> manifest;
+    bool sharded = false;
     for (const auto& w : plan.windows) {
       maybe_fault(rank, w.update);
       ctx.untimed_seconds = 0;
@@ -122,16 +125,19 @@ int worker_main(const WorkerArgs& args) {
         for (auto& [name, t] : backend->replica_params()) u.record.replicas[name] = tensor_digest(t);
       }
       records.push_back(u.record);
+      sharded = u.sharded;
+      // A sharded strategy: every rank writes what it holds, in parallel (NOTE [shard artifacts]).
+      if (u.sharded) write_rank_shards(args.run_dir, w.update, rank, u.grad_shards, u.param_shards);
       if (rank == 0) {
-        write_update_tensors(args.run_dir, w.update, u.grads, u.params_after);
+        if (!u.sharded) write_update_tensors(args.run_dir, w.update, u.grads, u.params_after);
         manifest.push_back({w.update, u.loss, u.valid_targets, secs});
       }
-      maybe_corrupt(args.run_dir, rank, w.update);
+      maybe_corrupt(args.run_dir, rank, w.update, u.sharded);
     }
     // The harness gives every rank this run's nonce; the files echo it (NOTE [run nonce]).
     const char* nonce = std::getenv("GRADCERT_RUN_NONCE");
     write_rank_record(args.run_dir, rank, plan.dp_rank_of(rank), records, nonce ? nonce : "");
-    if (rank == 0) write_manifest(args.run_dir, args.backend, world, manifest, nonce ? nonce : "");
+    if (rank == 0) write_manifest(args.run_dir, args.backend, world, manifest, nonce ? nonce : "", sharded);
 
     RankMemory memory;
     memory.rank = rank;

@@ -352,6 +352,71 @@ def write_tensors(path: str, tensors: dict, dtype: torch.dtype, update: int | No
     _atomic_write(path, lambda tmp: save_file(out, tmp, metadata=md))
 
 
+def shard_pieces(tensors: dict, dtype: torch.dtype, replica: int) -> tuple:
+    """(NOTE [shard artifacts], conformance/protocol/artifacts.hpp) What this rank holds of each
+    tensor, as (stored tensors, placement): a DTensor's local piece is a box at its global offset
+    (torch.distributed.tensor's own computation), its replica group this rank's coordinate along
+    the mesh dimensions it is replicated on; a plain tensor is held whole, in group `replica`."""
+    stored, placement = {}, {}
+    for n, t in tensors.items():
+        t = t.detach()
+        if hasattr(t, "to_local") and hasattr(t, "placements"):
+            from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+            local = t.to_local()
+            shape, offset = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)
+            if tuple(local.shape) != tuple(shape):
+                raise ProtocolError(f"tensor {n}: local shard {tuple(local.shape)} is not the {tuple(shape)} its "
+                                    f"placement {t.placements} gives (padded?)")
+            group, coord = 0, t.device_mesh.get_coordinate()
+            for d, pl in enumerate(t.placements):
+                if pl.is_partial():
+                    raise ProtocolError(f"tensor {n}: a Partial placement is not a value (reduce it first)")
+                if pl.is_replicate():
+                    group = group * t.device_mesh.size(d) + coord[d]
+            if local.numel() == 0:
+                continue
+            stored[n] = local.to(dtype).contiguous().clone()
+            placement[n] = {"tensor": n, "shape": list(t.shape), "replica": group, "offset": list(offset)}
+        else:
+            stored[n] = t.to(dtype).contiguous().clone()
+            placement[n] = {"tensor": n, "shape": list(t.shape), "replica": replica, "offset": [0] * t.dim()}
+    return stored, placement
+
+
+def load_stack_tensors(run_dir: str, files) -> dict:
+    """A stack's tensors of one update as full tensors: `files` is the manifest entry's
+    "grads" / "params", one file (schema 1) or a list of shard files (schema 2, NOTE [shard
+    artifacts]), assembled from the lowest replica group's pieces (gradcert's reader has
+    checked that they tile every tensor exactly once)."""
+    if isinstance(files, str):
+        return load_file(os.path.join(run_dir, files))
+    from safetensors import safe_open
+
+    pieces = []
+    for name in files:
+        path = os.path.join(run_dir, name)
+        with safe_open(path, "pt") as f:
+            placement = json.loads((f.metadata() or {}).get("gradcert.placement", "{}"))
+            for key in f.keys():
+                if key not in placement:
+                    raise ProtocolError(f"{path}: tensor '{key}' has no entry in \"gradcert.placement\"")
+                pieces.append((placement[key], f.get_tensor(key)))
+    if not pieces:
+        return {}
+    lowest = min(int(p["replica"]) for p, _ in pieces)
+    out = {}
+    for p, t in pieces:
+        if int(p["replica"]) != lowest:
+            continue
+        full = out.setdefault(p["tensor"], torch.empty(p["shape"], dtype=t.dtype))
+        if "flat" in p:
+            full.view(-1)[p["flat"][0]:p["flat"][1]] = t.reshape(-1)
+        else:
+            full[tuple(slice(o, o + n) for o, n in zip(p["offset"], t.shape))] = t
+    return out
+
+
 def tensor_digest(t: torch.Tensor) -> str:
     """(NOTE [replica digests], conformance/protocol/artifacts.hpp) A digest of the tensor's
     dtype, shape and exact bytes; ranks holding the same tensor must report the same one."""
@@ -399,8 +464,9 @@ def rank_json(rank: int, dp_rank: int, updates: list, nonce: str | None = None) 
 
 
 def manifest_json(backend: str, world: int, updates: list, versions_: dict | None = None, nonce: str | None = None,
-                  **extra) -> dict:
-    m = {"schema": "gradcert.artifacts/1", "backend": backend, "world": world, "updates": updates}
+                  shards: bool = False, **extra) -> dict:
+    schema = "gradcert.artifacts/2" if shards else "gradcert.artifacts/1"
+    m = {"schema": schema, "backend": backend, "world": world, "updates": updates}
     if nonce is not None:
         m["nonce"] = nonce
     if versions_:
@@ -411,11 +477,15 @@ def manifest_json(backend: str, world: int, updates: list, versions_: dict | Non
 
 class ArtifactWriter:
     """Collects what rank<g>.json and manifest.json say; rank 0 writes the tensors as each
-    update completes and the manifest at the end."""
+    update completes and the manifest at the end. With `shards`, every rank writes what it
+    holds of the tensors it is given (DTensors: their local pieces; plain tensors: whole, as
+    the replica of its DP rank) to u<u>.rank<g>.{grads,params}.safetensors, and the manifest
+    is schema 2 (NOTE [shard artifacts]): nothing is gathered."""
 
     def __init__(self, out: str, rank: int, world: int, backend: str, dtype: torch.dtype, dp_rank: int | None = None,
-                 nonce: str | None = None):
+                 nonce: str | None = None, shards: bool = False):
         self.out, self.rank, self.world, self.backend, self.dtype = out, rank, world, backend, dtype
+        self.shards = shards
         self.dp_rank = rank if dp_rank is None else dp_rank
         self.nonce = run_nonce() if nonce is None else nonce  # GRADCERT_RUN_NONCE
         self.rank_updates, self.manifest_updates = [], []
@@ -433,7 +503,15 @@ class ArtifactWriter:
             rec["replicas"] = replicas
         self.rank_updates.append(rec)
         gname, pname = f"u{update}.grads.safetensors", f"u{update}.params.safetensors"
-        if self.rank == 0:
+        if self.shards:
+            for kind, tensors in (("grads", grads), ("params", params)):
+                stored, placement = shard_pieces(tensors, self.dtype, self.dp_rank)
+                path = os.path.join(self.out, f"u{update}.rank{self.rank}.{kind}.safetensors")
+                md = {"update": str(update), "gradcert.placement": json.dumps(placement)}
+                _atomic_write(path, lambda tmp: save_file(stored, tmp, metadata=md))
+            gname = [f"u{update}.rank{r}.grads.safetensors" for r in range(self.world)]
+            pname = [f"u{update}.rank{r}.params.safetensors" for r in range(self.world)]
+        elif self.rank == 0:
             write_tensors(os.path.join(self.out, gname), grads, self.dtype, update)
             write_tensors(os.path.join(self.out, pname), params, self.dtype, update)
         entry = {"update": update, "loss": loss, "valid_targets": N, "step_seconds": step_seconds,
@@ -446,7 +524,7 @@ class ArtifactWriter:
                    rank_json(self.rank, self.dp_rank, self.rank_updates, self.nonce))
         if self.rank == 0:
             m = manifest_json(self.backend, self.world, self.manifest_updates,
-                              versions(self.backend, extra_versions), nonce=self.nonce, notes=notes)
+                              versions(self.backend, extra_versions), nonce=self.nonce, shards=self.shards, notes=notes)
             m.update(self.memory)
             m.update(extra or {})
             write_json(os.path.join(self.out, "manifest.json"), m)

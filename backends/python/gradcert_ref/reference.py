@@ -384,9 +384,9 @@ def run_reference(run_dir: str, factory: str | None = None, out: str | None = No
             if pmodel is not None:
                 at = pmodel
                 if u > 0:  # the stack's parameters after update u-1
-                    path = os.path.join(pieces_at, stack_updates[u - 1]["params"])
+                    path = os.path.join(pieces_at, str(stack_updates[u - 1]["params"]))
                     try:
-                        stack_params = load_file(path)
+                        stack_params = client.load_stack_tensors(pieces_at, stack_updates[u - 1]["params"])
                     except Exception as e:
                         raise client.ProtocolError(f"{path}: cannot be read for --pieces-at: {e}") from e
                     with torch.no_grad():

@@ -202,6 +202,31 @@ class ClientTest(unittest.TestCase):
                 rec.pop()
             rec.remove()
 
+    def test_shard_files_are_assembled_from_the_lowest_replica_group(self):
+        # (NOTE [shard artifacts]) rank 0 writes rows 0..1 of w as a box and b[0:3] as a flat
+        # range; rank 1 the rest, and a second replica group (its own whole copy) that is ignored.
+        from safetensors.torch import save_file
+
+        d = tempfile.mkdtemp(prefix="shards_", dir=_TMP)
+        w, b = torch.arange(12, dtype=torch.float64).reshape(3, 4), torch.arange(5, dtype=torch.float64) + 100
+        files = {
+            "r0.safetensors": ({"w": w[0:2].clone(), "b": b[0:3].clone()},
+                               {"w": {"tensor": "w", "shape": [3, 4], "replica": 0, "offset": [0, 0]},
+                                "b": {"tensor": "b", "shape": [5], "replica": 0, "flat": [0, 3]}}),
+            "r1.safetensors": ({"w": w[2:3].clone(), "b": b[3:5].clone(), "w#1": -w},
+                               {"w": {"tensor": "w", "shape": [3, 4], "replica": 0, "offset": [2, 0]},
+                                "b": {"tensor": "b", "shape": [5], "replica": 0, "flat": [3, 5]},
+                                "w#1": {"tensor": "w", "shape": [3, 4], "replica": 1, "offset": [0, 0]}}),
+        }
+        for name, (tensors, placement) in files.items():
+            save_file(tensors, os.path.join(d, name), metadata={"gradcert.placement": json.dumps(placement)})
+        got = client.load_stack_tensors(d, sorted(files))
+        self.assertTrue(torch.equal(got["w"], w))
+        self.assertTrue(torch.equal(got["b"], b))
+        save_file({"w": w}, os.path.join(d, "bad.safetensors"), metadata={"gradcert.placement": "{}"})
+        with self.assertRaisesRegex(client.ProtocolError, "tensor 'w' has no entry"):
+            client.load_stack_tensors(d, ["bad.safetensors"])
+
     def test_wrong_is_a_hidden_alias_of_mutant(self):
         import argparse
 

@@ -99,4 +99,12 @@ put("records", "rank-float-ids.json", json.dumps(r))
 put("records", "manifest-no-nonce.json", json.dumps({k: v for k, v in manifest().items() if k != "nonce"}))
 put("records", "manifest-dup-key.json", json.dumps(manifest()).replace('"loss": 1.5', '"loss": 1.5, "loss": 2', 1))
 put("records", "manifest-deep-loss.json", json.dumps(manifest()).replace('"loss": 1.5', '"loss": ' + deep(10000), 1))
+# schema 2 (NOTE [shard artifacts]): shard file lists, one of them naming a file twice
+m2 = manifest(schema="gradcert.artifacts/2")
+for u in m2["updates"]:
+    for kind in ("grads", "params"):
+        u[kind] = [f"u{u['update']}.rank{g}.{kind}.safetensors" for g in range(2)]
+put("records", "manifest-shards.json", json.dumps(m2))
+m2["updates"][1]["grads"][1] = m2["updates"][1]["grads"][0]
+put("records", "manifest-shards-twice.json", json.dumps(m2))
 put("records", "rank-deep-notes.json", json.dumps(rank(0)).replace('"updates"', '"notes": ' + deep(10000) + ', "updates"', 1))

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <tuple>
 
 namespace gradcert {
 
@@ -41,11 +42,10 @@ namespace gradcert {
 
 namespace {
 
-// One route's view of an update: the loss, N and the gradient at the model's parameters.
+// One route's view of an update: the loss and N (the gradient stays in the model's .grad).
 struct Evaluation {
   double loss = 0;
   int64_t valid_targets = 0;
-  TensorMap grads;
 };
 
 DType dtype_of(torch::ScalarType t) {
@@ -85,8 +85,18 @@ Evaluation evaluate(const Spec& spec, TinyLM& model, const Window& w, bool piece
       }
     e.loss = e.valid_targets > 0 ? S_total / static_cast<double>(e.valid_targets) : 0;
   }
-  e.grads = grads_of(model, dtype_of(dtype));
   return e;
+}
+
+// The model's parameters (grads = false) or their gradients (zeros where there is none), by name.
+std::vector<std::pair<std::string, torch::Tensor>> named(TinyLM& model, bool grads) {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (const auto& p : model->named_parameters()) {
+    torch::Tensor t = p.value().detach();
+    if (grads) t = p.value().grad().defined() ? p.value().grad().detach() : torch::zeros_like(t);
+    out.emplace_back(p.key(), t);
+  }
+  return out;
 }
 
 // Loads `params` (the stack's, as read from its artifacts) into `model`; an absent tensor or
@@ -125,36 +135,49 @@ void step_all(const Spec& spec, int update, TinyLM& model, std::map<std::string,
   }
 }
 
-// The worst relative L2 over the tensors of `ref` (a tensor both maps hold).
-double worst_relative(const TensorMap& other, const TensorMap& ref) {
+// The worst relative L2 of the model's tensors against `ref`'s, and the projection of all of
+// them on `ref` (|<x, r> / <r, r> - 1|), one tensor copied out at a time.
+std::pair<double, double> distance(const std::vector<std::pair<std::string, torch::Tensor>>& mine, DType dtype,
+                                   const TensorMap& ref) {
   double worst = 0;
-  for (const auto& [name, r] : ref) {
-    auto it = other.find(name);
-    if (it == other.end()) continue;
-    const double e = compare_tensors(it->second, r).relative;
-    if (std::isfinite(e)) worst = std::max(worst, e);
-  }
-  return worst;
-}
-
-double scale_deviation(const TensorMap& other, const TensorMap& ref) {
   long double dot = 0, rr = 0;
-  for (const auto& [name, r] : ref) {
-    auto it = other.find(name);
-    if (it != other.end()) accumulate_projection(it->second, r, dot, rr);
+  for (const auto& [name, t] : mine) {
+    auto it = ref.find(name);
+    if (it == ref.end()) continue;
+    const HostTensor h = to_host(name, t, dtype);
+    const double e = compare_tensors(h, it->second).relative;
+    if (std::isfinite(e)) worst = std::max(worst, e);
+    accumulate_projection(h, it->second, dot, rr);
   }
-  return rr > 0 ? std::fabs(static_cast<double>(dot / rr) - 1) : 0;
+  return {worst, rr > 0 ? std::fabs(static_cast<double>(dot / rr) - 1) : 0};
 }
 
-// Writes `t` to `dir`/`file` and returns it streamed from there (NOTE [streamed tensors]);
-// with `dir` empty, returns it held.
-TensorMap spill(const std::string& dir, const std::string& file, TensorMap t) {
-  if (dir.empty()) return t;
+// The model's tensors written to `dir`/`file` one at a time and returned streamed from there
+// (NOTE [streamed tensors]); with `dir` empty, returned held.
+TensorMap spill(const std::string& dir, const std::string& file,
+                const std::vector<std::pair<std::string, torch::Tensor>>& tensors, DType dtype) {
+  TensorMap heads;
+  std::map<std::string, const torch::Tensor*> by_name;
+  for (const auto& [name, t] : tensors) {
+    if (dir.empty()) {
+      heads[name] = to_host(name, t, dtype);
+      continue;
+    }
+    HostTensor h;
+    h.name = name;
+    h.shape.assign(t.sizes().begin(), t.sizes().end());
+    h.dtype = dtype;
+    heads[name] = std::move(h);
+    by_name[name] = &t;
+  }
+  if (dir.empty()) return heads;
   const std::string path = dir + "/" + file;
-  write_safetensors(path, t);
+  write_safetensors_streamed(path, heads, [&](const std::string& name, std::vector<double>& out) {
+    const auto flat = by_name.at(name)->to(torch::kFloat64).contiguous().view({-1});
+    out.assign(flat.data_ptr<double>(), flat.data_ptr<double>() + flat.numel());
+  });
   std::map<std::string, TensorExpectation> expect;
-  for (const auto& [name, h] : t) expect[name] = {h.shape, h.dtype};
-  t.clear();  // the copy is on disk: free it before the next is made
+  for (const auto& [name, h] : heads) expect[name] = {h.shape, h.dtype};
   return read_safetensors(path, expect);
 }
 
@@ -180,7 +203,6 @@ struct Stepper {
   }
   Evaluation evaluate_at(const Spec& spec, const Window& w) { return evaluate(spec, model, w, route.pieces, route.dtype); }
   void step(const Spec& spec, const Window& w) { step_all(spec, w.update, model, slots, masters, route.dtype); }
-  TensorMap params() { return params_of(model, dtype_of(route.dtype)); }
 
   TinyLM model;
   Route route;
@@ -210,9 +232,9 @@ std::vector<ReferenceUpdate> reference_pass(const Spec& spec, const Plan& plan, 
     r.loss = e.loss;
     r.valid_targets = e.valid_targets;
     const std::string stem = "u" + std::to_string(w.update) + "." + tag;
-    r.grads = spill(dir, stem + ".grads.safetensors", std::move(e.grads));
+    r.grads = spill(dir, stem + ".grads.safetensors", named(a.model, true), DType::Float64);
     a.step(spec, w);
-    r.params_after = spill(dir, stem + ".params.safetensors", a.params());
+    r.params_after = spill(dir, stem + ".params.safetensors", named(a.model, false), DType::Float64);
     out.push_back(std::move(r));
   }
   return out;
@@ -228,14 +250,12 @@ void floor_pass(const Spec& spec, const Plan& plan, const TensorMap& initial, Ro
     stand(b, initial, run, u);
     ReferenceUpdate& r = ref[u];
     UpdateFloor& f = r.floor;
-    {
-      const Evaluation e = b.evaluate_at(spec, w);
-      f.grad = worst_relative(e.grads, r.grads);
-      f.scale = scale_deviation(e.grads, r.grads);
-      f.loss = r.loss != 0 ? std::fabs(e.loss - r.loss) / std::fabs(r.loss) : std::fabs(e.loss);
-    }
+    const DType dtype = dtype_of(route.dtype);
+    const Evaluation e = b.evaluate_at(spec, w);
+    std::tie(f.grad, f.scale) = distance(named(b.model, true), dtype, r.grads);
+    f.loss = r.loss != 0 ? std::fabs(e.loss - r.loss) / std::fabs(r.loss) : std::fabs(e.loss);
     b.step(spec, w);
-    f.params = worst_relative(b.params(), r.params_after);
+    f.params = distance(named(b.model, false), dtype, r.params_after).first;
     f.measured = true;
   }
 }
@@ -263,7 +283,13 @@ References run_references(const Spec& spec, const Plan& plan, const std::vector<
     if (ec) throw ArtifactError(spill_dir + ": cannot create the reference's folder: " + ec.message());
   }
   References out;
-  const TensorMap initial = spill(spill_dir, "initial.safetensors", initial_params(spec));
+  TensorMap initial = initial_params(spec);
+  if (!spill_dir.empty()) {  // on disk, as the rest (NOTE [streamed tensors])
+    write_safetensors(spill_dir + "/initial.safetensors", initial);
+    std::map<std::string, TensorExpectation> expect;
+    for (const auto& [name, h] : initial) expect[name] = {h.shape, h.dtype};
+    initial = read_safetensors(spill_dir + "/initial.safetensors", expect);
+  }
   const Route route = floor_route(spec);
   const bool forced = run.size() == plan.windows.size();
 

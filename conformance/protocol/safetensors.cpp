@@ -72,8 +72,9 @@ struct Entry {
 
 }  // namespace
 
-void write_safetensors(const std::string& path, const TensorMap& tensors,
-                       const std::map<std::string, std::string>& metadata) {
+void write_safetensors_streamed(const std::string& path, const TensorMap& tensors,
+                                const std::function<void(const std::string& name, std::vector<double>& out)>& fill,
+                                const std::map<std::string, std::string>& metadata) {
   json header = json::object();
   int64_t offset = 0;
   for (const auto& [name, t] : tensors) {
@@ -85,10 +86,6 @@ void write_safetensors(const std::string& path, const TensorMap& tensors,
                                      shape_text(t.shape));
       numel *= d;
     }
-    if (!t.streamed() && static_cast<int64_t>(t.held.size()) != numel)
-      throw ArtifactError(path + ": tensor '" + name + "': " + std::to_string(t.held.size()) +
-                          " values but shape " + shape_text(t.shape) + " holds " +
-                          std::to_string(numel));
     const int64_t begin = offset;
     offset += numel * dtype_bytes(t.dtype);
     header[name] = {{"dtype", safetensors_dtype(t.dtype)},
@@ -111,15 +108,27 @@ void write_safetensors(const std::string& path, const TensorMap& tensors,
   store_le(head, header_text.size(), 8);
   head += header_text;
   out.append(head.data(), head.size());
+  std::vector<double> values;
   std::vector<char> buf;
-  for (const auto& kv : tensors) {
-    const HostTensor& t = kv.second;
-    const TensorValues v = t.read();
-    buf.resize(v.size() * static_cast<size_t>(dtype_bytes(t.dtype)));
-    encode_values(v.data(), t.dtype, v.size(), buf.data());
+  for (const auto& [name, t] : tensors) {
+    values.clear();
+    fill(name, values);
+    if (static_cast<int64_t>(values.size()) != t.numel())
+      throw ArtifactError(path + ": tensor '" + name + "': " + std::to_string(values.size()) + " values but shape " +
+                          shape_text(t.shape) + " holds " + std::to_string(t.numel()));
+    buf.resize(values.size() * static_cast<size_t>(dtype_bytes(t.dtype)));
+    encode_values(values.data(), t.dtype, values.size(), buf.data());
     out.append(buf.data(), buf.size());
   }
   out.commit();
+}
+
+void write_safetensors(const std::string& path, const TensorMap& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  write_safetensors_streamed(path, tensors, [&](const std::string& name, std::vector<double>& out) {
+    const TensorValues v = tensors.at(name).read();
+    out.assign(v.begin(), v.end());
+  }, metadata);
 }
 
 namespace {

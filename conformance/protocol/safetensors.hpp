@@ -1,5 +1,6 @@
 // The safetensors format both ways, with one strict reader (backends/PROTOCOL.md).
 #pragma once
+#include <functional>
 #include <map>
 #include <string>
 
@@ -11,6 +12,14 @@ namespace gradcert {
 /// via a temporary file and rename. `metadata` goes to the "__metadata__" entry.
 void write_safetensors(const std::string& path, const TensorMap& tensors,
                        const std::map<std::string, std::string>& metadata = {});
+
+/// Writes a safetensors file whose tensors are produced one at a time: `heads` gives each
+/// tensor's name, shape and dtype (values empty), `fill(i, out)` puts tensor i's values (as
+/// double, numel of them) into `out`, called once per tensor in name order. Only one tensor's
+/// values are in memory at a time (NOTE [streamed tensors]). Errors as write_safetensors'.
+void write_safetensors_streamed(const std::string& path, const TensorMap& heads,
+                                const std::function<void(const std::string& name, std::vector<double>& out)>& fill,
+                                const std::map<std::string, std::string>& metadata = {});
 
 /// What a reader expects of one tensor: its shape and dtype.
 struct TensorExpectation {

@@ -129,11 +129,12 @@ class PpBackend : public Backend {
     for (auto& [name, p] : owned_) params.push_back(p);
     average_gradients(ctx, params);
     ctx.mark("backward");
-    out.grads = assemble(ctx, true);
+    out.sharded = true;
+    out.grad_shards = pieces(ctx, true);
     ctx.mark("artifacts");
     stepper_.step(ctx, update, owned_);
     ctx.mark("optimizer step");
-    out.params_after = assemble(ctx, false);
+    out.param_shards = pieces(ctx, false);
     return out;
   }
 
@@ -173,16 +174,22 @@ class PpBackend : public Backend {
     return v[0];
   }
 
-  // DP replica 0 fills: each stage its own parameters.
-  TensorMap assemble(RankContext& ctx, bool grads) {
-    return assemble_full(ctx, layout_, ctx.spec->dtype, [&](torch::Tensor flat) {
-      if (me_.dp != 0) return;
-      for (auto& [name, p] : owned_) {
-        const auto& e = layout_.at(name);
-        flat.slice(0, e.offset, e.offset + e.numel)
-            .copy_((grads ? p.grad() : p).detach().reshape({-1}).to(torch::kFloat64));
-      }
-    });
+  // This rank's shard artifacts (NOTE [shard artifacts]): its stage's own tensors whole, DP
+  // replica d as replica group d. Nothing is gathered.
+  std::vector<ShardPiece> pieces(RankContext& ctx, bool grads) {
+    UntimedScope untimed(ctx);
+    std::vector<ShardPiece> out;
+    for (auto& [name, p] : owned_) {
+      ShardPiece s;
+      s.tensor = name;
+      s.shape = layout_.at(name).shape;
+      s.replica = me_.dp;
+      s.offset.assign(s.shape.size(), 0);
+      const auto t = grads ? (p.grad().defined() ? p.grad() : torch::zeros_like(p)) : p;
+      s.data = to_host(name, t.detach(), ctx.spec->dtype);
+      out.push_back(std::move(s));
+    }
+    return out;
   }
 
   Coords me_;

@@ -188,13 +188,14 @@ class TpBackend : public Backend {
     average_gradients(ctx, params);
     ctx.mark("backward");
 
-    out.grads = assemble(ctx, true);
+    out.sharded = true;
+    out.grad_shards = pieces(ctx, true);
     ctx.mark("artifacts");
     std::vector<std::pair<std::string, torch::Tensor>> named;
     for (auto& p : model_->named_parameters()) named.emplace_back(p.key(), p.value());
     // replica-drift under TP: the last TP rank steps its copies of the TP-replicated tensors
     // with lr x 1.01 at the last update (e.g. a norm stepped by a per-rank schedule). The
-    // artifacts take replicated tensors from TP rank 0, so only replicas.agree can see it.
+    // shard artifacts take replicated tensors from TP rank 0, so only replicas.agree can see it.
     const bool drift = ctx.mutant == Mutant::ReplicaDrift && tp_ > 1 && me_.tp == tp_ - 1 &&
                        update + 1 == static_cast<int>(ctx.plan->windows.size());
     std::vector<std::pair<torch::Tensor, torch::Tensor>> before;  // (parameter, its value before the step)
@@ -207,7 +208,7 @@ class TpBackend : public Backend {
       for (auto& [p, old] : before) p.add_(p - old, 0.01);
     }
     ctx.mark("optimizer step");
-    out.params_after = assemble(ctx, false);
+    out.param_shards = pieces(ctx, false);
     return out;
   }
 
@@ -233,18 +234,34 @@ class TpBackend : public Backend {
   }
 
  private:
-  // Replica 0 fills: each TP rank its slices of sharded tensors, TP rank 0 the replicated.
-  TensorMap assemble(RankContext& ctx, bool grads) {
-    return assemble_full(ctx, layout_, ctx.spec->dtype, [&](torch::Tensor flat) {
-      if (me_.dp != 0) return;
-      for (auto& p : model_->named_parameters()) {
-        if (!tp_sharded(p.key()) && me_.tp != 0) continue;
-        const auto& e = layout_.at(p.key());
-        auto canonical = flat.slice(0, e.offset, e.offset + e.numel).view(e.shape);
-        auto local = (grads ? p.value().grad() : p.value()).detach().to(torch::kFloat64);
-        for (auto& [c, l] : tp_pieces(p.key(), canonical, local, tp_, me_.tp)) c.copy_(l);
+  // This rank's shard artifacts (NOTE [shard artifacts]): each TP rank its slices of the sharded
+  // tensors (boxes at their canonical offsets), TP rank 0 the replicated tensors whole; DP
+  // replica d is replica group d. Nothing is gathered.
+  std::vector<ShardPiece> pieces(RankContext& ctx, bool grads) {
+    UntimedScope untimed(ctx);
+    torch::NoGradGuard ng;
+    std::vector<ShardPiece> out;
+    for (auto& p : model_->named_parameters()) {
+      if (!tp_sharded(p.key()) && me_.tp != 0) continue;
+      const auto& e = layout_.at(p.key());
+      // A shape-only canonical tensor: where each slice of it starts is its offset.
+      const auto canonical = torch::empty(e.shape, torch::TensorOptions().dtype(torch::kFloat64).device(torch::kMeta));
+      const auto local = (grads ? p.value().grad() : p.value()).detach();
+      for (auto& [c, l] : tp_pieces(p.key(), canonical, local, tp_, me_.tp)) {
+        ShardPiece s;
+        s.tensor = p.key();
+        s.shape = e.shape;
+        s.replica = me_.dp;
+        int64_t rest = c.storage_offset();
+        for (size_t d = 0; d < e.shape.size(); ++d) {
+          s.offset.push_back(rest / canonical.stride(d));
+          rest %= canonical.stride(d);
+        }
+        s.data = to_host(p.key(), l, ctx.spec->dtype);
+        out.push_back(std::move(s));
       }
-    });
+    }
+    return out;
   }
 
   int tp_ = 1;

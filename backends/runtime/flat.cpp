@@ -94,28 +94,6 @@ std::vector<ShardPiece> whole_pieces(const TensorMap& tensors, int replica) {
   return out;
 }
 
-TensorMap assemble_full(RankContext& ctx, const FlatLayout& layout, DType dtype,
-                        const std::function<void(torch::Tensor flat)>& fill) {
-  UntimedScope untimed(ctx);
-  torch::NoGradGuard ng;
-  auto flat = torch::zeros({layout.total}, torch::kFloat64);
-  fill(flat);
-  if (ctx.pg) {
-    std::vector<at::Tensor> t{flat};
-    ctx.pg->allreduce(t, c10d::AllreduceOptions{})->wait();
-  }
-  TensorMap out;
-  for (const auto& e : layout.entries) {
-    HostTensor h;
-    h.name = e.name;
-    h.shape = e.shape;
-    h.dtype = dtype;
-    const double* src = flat.data_ptr<double>() + e.offset;
-    h.held.assign(src, src + e.numel);
-    out[e.name] = std::move(h);
-  }
-  return out;
-}
 
 FlatShard::FlatShard(int64_t b, int64_t n, int d, int r)
     : begin(b), numel(n), shard((n + d - 1) / d), dp(d), dp_rank(r) {}

@@ -1,5 +1,5 @@
 // Building blocks of sharded and model-parallel strategies: the canonical flat layout,
-// shards of it, and assembling full canonical tensors for the artifacts.
+// shards of it, and their pieces for the shard artifacts.
 #pragma once
 #include <functional>
 #include <string>
@@ -22,12 +22,6 @@ struct FlatLayout {
   static FlatLayout of(const TensorMap& params);
   const Entry& at(const std::string& name) const;
 };
-
-/// Every rank fills the parts of a zeroed flat canonical buffer it is the one owner of;
-/// a SUM all-reduce over all ranks completes it. Returns full canonical tensors (on every
-/// rank). Runs outside any timed region; every rank must call it.
-TensorMap assemble_full(RankContext& ctx, const FlatLayout& layout, DType dtype,
-                        const std::function<void(torch::Tensor flat)>& fill);
 
 /// Puts a flat-layout range: `values` (1-D) at layout offset `begin`.
 using FlatPut = std::function<void(int64_t begin, const torch::Tensor& values)>;

@@ -109,7 +109,8 @@ std::vector<MigrationNote> migration_notes(const std::string& before_label, cons
     add("state-dict", "state dict / checkpoint format",
         "state_dict_type(FULL_STATE_DICT | SHARDED_STATE_DICT); full tensors via summon_full_params",
         "DTensor shards; get_model_state_dict / torch.distributed.checkpoint; full tensors via full_tensor()", false,
-        "not exercised: each stack gathers full tensors for the artifacts; no checkpoint is saved or loaded");
+        "not exercised: no checkpoint is saved or loaded (FSDP1 gathers full tensors for the artifacts, FSDP2 "
+        "writes its DTensor shards)");
     add("flat-params", "parameter sharding",
         "FlatParameter per FSDP unit (use_orig_params=True keeps the original names for the optimizer)",
         "per-parameter DTensor sharding on dim 0; the optimizer steps the local shards", true,

@@ -228,7 +228,7 @@ class Collectives : public testing::Test {
 // ---- ddp ------------------------------------------------------------------------------------
 
 // ddp at D = world = 2: N, the loss, then ONE flat gradient all-reduce per window (no sync on
-// earlier microsteps), on every update; artifacts are taken locally (no assemble_full).
+// earlier microsteps), on every update; artifacts are taken locally (no collective).
 TEST_F(Collectives, DdpIssuesOneFlatGradientAllreducePerWindow) {
   const Spec spec = spec_for(2, 1, 1);
   const Plan plan = make_plan(spec);

@@ -52,4 +52,8 @@ void Backend::validate(const Plan& plan, int world, Mutant mutant) const {
   }
 }
 
+std::vector<StatePiece> Backend::checkpoint_state(RankContext&, bool) {
+  throw std::invalid_argument("backend " + name() + " cannot save or load a checkpoint (resume.at)");
+}
+
 }  // namespace gradcert

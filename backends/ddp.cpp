@@ -14,6 +14,10 @@ class DdpBackend : public Backend {
   }
   void setup(RankContext& ctx) override { state_.setup(ctx); }
   NamedTensors state_tensors() override { return state_.state_tensors(); }
+  std::vector<StatePiece> checkpoint_state(RankContext& ctx, bool allocate) override {
+    return state_.checkpoint_state(ctx, allocate);
+  }
+  void after_load(RankContext& ctx) override { state_.after_load(ctx); }
   NamedTensors replica_params() override { return state_.replica_params(); }
   RankUpdate run_update(RankContext& ctx, int update) override {
     RankUpdate out = state_.accumulate(ctx, update);
@@ -29,7 +33,7 @@ class DdpBackend : public Backend {
 
 const StrategyInfo& ddp_strategy() {
   static const StrategyInfo info{"ddp", Sharding::DDP,
-                                 /*traits: data_parallel, final_allreduce, reduce_scatter, gathers_params, tp, replica digests*/ {true, true, false, false, false, true},
+                                 /*traits: data_parallel, final_allreduce, reduce_scatter, gathers_params, tp, replica digests, sharded state*/ {true, true, false, false, false, true, false},
                                  "one flat all-reduce per window (divide by D, then SUM)",
                                  "accumulates locally, one reduction after microstep A-1",
                                  {2, 1, 1}, std::vector<CertifyTopology>{{3, 1, 1}}, 0, [] { std::unique_ptr<Backend> b = std::make_unique<DdpBackend>(); return b; }};

@@ -143,6 +143,12 @@ class PpBackend : public Backend {
   // across stages).
   NamedTensors replica_params() override { return owned_; }
 
+  // Checkpoints (NOTE [checkpoints]): DP replica 0 of each stage saves the stage's own parameters whole.
+  std::vector<StatePiece> checkpoint_state(RankContext& ctx, bool allocate) override {
+    return stepper_.state(ctx, owned_, me_.dp == 0, allocate);
+  }
+  void after_load(RankContext& ctx) override { stepper_.round_into(ctx, owned_); }
+
   // The stage's own parameters, their gradients and the stepper's state (other stages'
   // parameters are empty placeholders).
   NamedTensors state_tensors() override {
@@ -204,7 +210,7 @@ class PpBackend : public Backend {
 
 const StrategyInfo& pp_strategy() {
   static const StrategyInfo info{"pp", Sharding::PP,
-                                 /*traits: data_parallel, final_allreduce, reduce_scatter, gathers_params, tp*/ {true, true, false, false, false},
+                                 /*traits: data_parallel, final_allreduce, reduce_scatter, gathers_params, tp, replica digests, sharded state*/ {true, true, false, false, false, false, true},
                                  "pipeline stages x DP: all-reduce over the DP group per stage",
                                  "see backends/pp.cpp",
                                  {2, 1, 2}, std::vector<CertifyTopology>{{4, 1, 2}, {2, 1, 2, "gpipe"}}, 4, [] { std::unique_ptr<Backend> b = std::make_unique<PpBackend>(); return b; }};

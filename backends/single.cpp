@@ -13,6 +13,10 @@ class SingleBackend : public Backend {
   }
   void setup(RankContext& ctx) override { state_.setup(ctx); }
   NamedTensors state_tensors() override { return state_.state_tensors(); }
+  std::vector<StatePiece> checkpoint_state(RankContext& ctx, bool allocate) override {
+    return state_.checkpoint_state(ctx, allocate);
+  }
+  void after_load(RankContext& ctx) override { state_.after_load(ctx); }
   RankUpdate run_update(RankContext& ctx, int update) override {
     RankUpdate out = state_.accumulate(ctx, update);
     state_.step(ctx, update);
@@ -26,7 +30,7 @@ class SingleBackend : public Backend {
 
 const StrategyInfo& single_strategy() {
   static const StrategyInfo info{"single", Sharding::Single,
-                                 /*traits: data_parallel, final_allreduce, reduce_scatter, gathers_params, tp*/ {false, false, false, false, false},
+                                 /*traits: data_parallel, final_allreduce, reduce_scatter, gathers_params, tp, replica digests, sharded state*/ {false, false, false, false, false, false, false},
                                  "none (one process, D = 1)",
                                  "no reduction (D = 1)",
                                  {1, 1, 1}, {}, 0, [] { std::unique_ptr<Backend> b = std::make_unique<SingleBackend>(); return b; }};

@@ -5,6 +5,7 @@
 // linear and the LM head are replicated. With world > TP, it is TP x DP: gradients are
 // averaged over the DP group. TP ranks of a replica consume the same examples.
 #include "backends/catalog.hpp"
+#include "backends/runtime/checkpoint.hpp"
 #include "backends/runtime/flat.hpp"
 #include "backends/runtime/replica.hpp"
 #include "conformance/layout/layout.hpp"
@@ -233,7 +234,50 @@ class TpBackend : public Backend {
     return out;
   }
 
+  // Checkpoints (NOTE [checkpoints]): each TP rank of DP replica 0 saves its slices of the sharded tensors, TP
+  // rank 0 the replicated ones; every rank loads what it holds.
+  std::vector<StatePiece> checkpoint_state(RankContext& ctx, bool allocate) override {
+    std::vector<StatePiece> out;
+    for (auto& p : model_->named_parameters()) {
+      const auto& e = layout_.at(p.key());
+      const auto canonical = torch::empty(e.shape, torch::TensorOptions().dtype(torch::kFloat64).device(torch::kMeta));
+      const torch::Tensor stepped = stepper_.stepped(ctx, p.key(), p.value());
+      const OptimizerSlot& slot = stepper_.slot(ctx, p.key(), stepped, allocate);
+      const auto params = tp_pieces(p.key(), canonical, stepped, tp_, me_.tp);
+      const auto ms = slot.m.defined() ? tp_pieces(p.key(), canonical, slot.m, tp_, me_.tp) : decltype(params){};
+      const auto vs = slot.v.defined() ? tp_pieces(p.key(), canonical, slot.v, tp_, me_.tp) : decltype(params){};
+      for (size_t i = 0; i < params.size(); ++i) {
+        StatePiece s;
+        s.tensor = p.key();
+        s.shape = e.shape;
+        s.offset = offset_in(canonical, params[i].first);
+        s.saves = me_.dp == 0 && (tp_sharded(p.key()) || me_.tp == 0);
+        s.param = params[i].second;
+        if (!ms.empty()) s.m = ms[i].second;
+        if (!vs.empty()) s.v = vs[i].second;
+        out.push_back(std::move(s));
+      }
+    }
+    return out;
+  }
+  void after_load(RankContext& ctx) override {
+    std::vector<std::pair<std::string, torch::Tensor>> named;
+    for (auto& p : model_->named_parameters()) named.emplace_back(p.key(), p.value());
+    stepper_.round_into(ctx, named);
+  }
+
  private:
+  // Where a slice of a (meta) canonical tensor starts, per dimension.
+  static std::vector<int64_t> offset_in(const torch::Tensor& canonical, const torch::Tensor& slice) {
+    std::vector<int64_t> at;
+    int64_t rest = slice.storage_offset();
+    for (int64_t d = 0; d < canonical.dim(); ++d) {
+      at.push_back(rest / canonical.stride(d));
+      rest %= canonical.stride(d);
+    }
+    return at;
+  }
+
   // This rank's shard artifacts (NOTE [shard artifacts]): each TP rank its slices of the sharded
   // tensors (boxes at their canonical offsets), TP rank 0 the replicated tensors whole; DP
   // replica d is replica group d. Nothing is gathered.
@@ -252,11 +296,7 @@ class TpBackend : public Backend {
         s.tensor = p.key();
         s.shape = e.shape;
         s.replica = me_.dp;
-        int64_t rest = c.storage_offset();
-        for (size_t d = 0; d < e.shape.size(); ++d) {
-          s.offset.push_back(rest / canonical.stride(d));
-          rest %= canonical.stride(d);
-        }
+        s.offset = offset_in(canonical, c);
         s.data = to_host(p.key(), l, ctx.spec->dtype);
         out.push_back(std::move(s));
       }
@@ -274,7 +314,7 @@ class TpBackend : public Backend {
 
 const StrategyInfo& tp_strategy() {
   static const StrategyInfo info{"tp", Sharding::TP,
-                                 /*traits: data_parallel, final_allreduce, reduce_scatter, gathers_params, tp, replica digests*/ {true, true, false, false, true, true},
+                                 /*traits: data_parallel, final_allreduce, reduce_scatter, gathers_params, tp, replica digests, sharded state*/ {true, true, false, false, true, true, true},
                                  "Megatron TP x DP: all-reduce over the DP group; TP-partitioned tensors",
                                  "see backends/tp.cpp",
                                  {2, 2, 1}, std::vector<CertifyTopology>{{4, 2, 1}}, 4, [] { std::unique_ptr<Backend> b = std::make_unique<TpBackend>(); return b; }};

@@ -1,5 +1,7 @@
 #include "backends/zero.hpp"
 
+#include "backends/runtime/checkpoint.hpp"
+
 namespace gradcert {
 
 namespace {
@@ -102,7 +104,7 @@ RankUpdate ZeroState::run_update(RankContext& ctx, int update) {
       for (auto& [name, p] : params_by_name(replica_.model())) p.mutable_grad().reset();  // the shard is kept
   }
   ctx.mark("backward");  // the gradient all-reduce / reduce-scatter ends the backward phase
-  optimizer_step(ctx.spec->optimizer, update + 1, master_, grad_shard.to(master_.scalar_type()), slot_);
+  optimizer_step(ctx.spec->optimizer, ctx.step_of(update), master_, grad_shard.to(master_.scalar_type()), slot_);
   if (stage_ == 3 && weights_.data_ptr() != master_.data_ptr()) weights_.copy_(master_);
 
   if (stage_ < 3) gather_params(ctx);
@@ -122,6 +124,19 @@ RankUpdate ZeroState::run_update(RankContext& ctx, int update) {
     if (n > 0) put(lo, master_.slice(0, 0, n).to(dtype));
   });
   return out;
+}
+
+std::vector<StatePiece> ZeroState::checkpoint_state(RankContext& ctx, bool allocate) {
+  if (allocate) allocate_slots(ctx.spec->optimizer, slot_, master_);
+  return flat_state(layout_, shard_->lo(), shard_->hi() - shard_->lo(), master_, slot_);
+}
+
+void ZeroState::after_load(RankContext& ctx) {
+  if (stage_ == 3) {
+    if (weights_.data_ptr() != master_.data_ptr()) weights_.copy_(master_);
+    return;  // gathered before each update's forward
+  }
+  gather_params(ctx);  // stages 1-2 hold the full weights between updates
 }
 
 }  // namespace gradcert

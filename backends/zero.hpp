@@ -21,6 +21,9 @@ class ZeroState {
   /// Stages 1-2: the all-gathered full parameters every rank holds (replicas.agree); stage 3
   /// frees them after the step: none.
   NamedTensors replica_params() { return stage_ < 3 ? replica_.replica_params() : NamedTensors{}; }
+  /// Checkpoints (NOTE [checkpoints]): every DP rank saves its master shard and the shard's slots.
+  std::vector<StatePiece> checkpoint_state(RankContext& ctx, bool allocate);
+  void after_load(RankContext& ctx);
 
  private:
   void gather_params(RankContext& ctx);
@@ -51,6 +54,10 @@ class ZeroBackend : public Backend {
   RankUpdate run_update(RankContext& ctx, int update) override { return state_.run_update(ctx, update); }
   NamedTensors state_tensors() override { return state_.state_tensors(); }
   NamedTensors replica_params() override { return state_.replica_params(); }
+  std::vector<StatePiece> checkpoint_state(RankContext& ctx, bool allocate) override {
+    return state_.checkpoint_state(ctx, allocate);
+  }
+  void after_load(RankContext& ctx) override { state_.after_load(ctx); }
 
  private:
   int stage_;

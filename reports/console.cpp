@@ -70,6 +70,13 @@ std::string throughput_table(const std::vector<Throughput>& runs) {
   return o.str();
 }
 
+// The backend column: a resumed run's strategy with where it resumed ("ddp@2", "ddp@2>fsdp").
+static std::string backend_cell(const RunReport& run) {
+  if (run.resume_at == 0) return run.backend;
+  return run.backend + "@" + std::to_string(run.resume_at) +
+         (run.resume_backend != run.backend ? ">" + run.resume_backend : "");
+}
+
 std::string report_table(const Report& r) {
   std::ostringstream o;
   char line[512];
@@ -85,14 +92,14 @@ std::string report_table(const Report& r) {
     if (!run.inject.empty()) continue;
     if (!run.error.empty()) {
       ++wrong;
-      std::snprintf(line, sizeof line, row, run.backend.c_str(), run.topology.dp, run.topology.tp, run.topology.pp,
-                    run.dtype.c_str(), run.optimizer.c_str(), "run", "-", "-", "ERROR");
+      std::snprintf(line, sizeof line, row, backend_cell(run).c_str(), run.topology.dp, run.topology.tp,
+                    run.topology.pp, run.dtype.c_str(), run.optimizer.c_str(), "run", "-", "-", "ERROR");
       o << line << "   " << run.error << "\n";
       continue;
     }
     for (const auto& c : run.checks) {
-      std::snprintf(line, sizeof line, row, run.backend.c_str(), run.topology.dp, run.topology.tp, run.topology.pp,
-                    run.dtype.c_str(), run.optimizer.c_str(), c.id.c_str(), figure_text(c.figure).c_str(),
+      std::snprintf(line, sizeof line, row, backend_cell(run).c_str(), run.topology.dp, run.topology.tp,
+                    run.topology.pp, run.dtype.c_str(), run.optimizer.c_str(), c.id.c_str(), figure_text(c.figure).c_str(),
                     tolerance_text(c).c_str(), verdict_name(c.verdict).c_str());
       o << line;
       if (c.verdict == Verdict::Fail) {
@@ -112,7 +119,7 @@ std::string report_table(const Report& r) {
       const std::string by = detected_by_text(run, " ");
       const bool caught = run.error.empty() && !by.empty();
       if (!caught) ++wrong;
-      std::snprintf(line, sizeof line, " %-22s %-9s %3d %-9s %s\n", run.inject.c_str(), run.backend.c_str(),
+      std::snprintf(line, sizeof line, " %-22s %-9s %3d %-9s %s\n", run.inject.c_str(), backend_cell(run).c_str(),
                     run.topology.dp, caught ? "yes" : "NO", run.error.empty() ? by.c_str() : "(run failed)");
       o << line;
       if (!run.error.empty()) o << "   " << run.error << "\n";

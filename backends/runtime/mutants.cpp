@@ -33,6 +33,21 @@ const std::vector<MutantInfo>& mutant_table() {
       {Mutant::ReplicaDrift, "replica-drift",
        "one replica steps its last update with lr x 1.01 (a per-rank schedule): only rank 0's tensors become artifacts",
        [](const StrategyTraits& t) { return t.data_parallel && t.replica_digests; }},
+      {Mutant::ResumeOptimizerUnsaved, "resume-optimizer-unsaved",
+       "the checkpoint holds the weights but no optimizer state; the resumed optimizer starts fresh",
+       [](const StrategyTraits&) { return true; }, true},
+      {Mutant::ResumeStepReset, "resume-step-reset",
+       "the optimizer's step counter is not restored: AdamW's bias correction restarts at the resume",
+       [](const StrategyTraits&) { return true; }, true},
+      {Mutant::ResumeSamplerRestart, "resume-sampler-restart",
+       "the resumed sampler starts its epoch over (the data loader is not fast-forwarded)",
+       [](const StrategyTraits&) { return true; }, true},
+      {Mutant::ResumeSamplerSkip, "resume-sampler-skip",
+       "the resumed sampler starts the next epoch, skipping the rest of the current one",
+       [](const StrategyTraits&) { return true; }, true},
+      {Mutant::ResumeShardUnwritten, "resume-shard-unwritten",
+       "the last rank writes no checkpoint file (only some ranks save their shards)",
+       [](const StrategyTraits& t) { return t.sharded_state; }, true},
   };
   return table;
 }
@@ -51,6 +66,12 @@ Mutant parse_mutant(const std::string& name) {
     known += (known.empty() ? "" : ", ") + row.name;
   }
   throw std::invalid_argument("unknown mutant '" + name + "' (known: " + known + ")");
+}
+
+bool needs_resume(Mutant m) {
+  for (const auto& row : mutant_table())
+    if (row.id == m) return row.needs_resume;
+  return false;
 }
 
 std::vector<std::string> mutants_for(const StrategyTraits& traits) {

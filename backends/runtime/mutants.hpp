@@ -20,6 +20,12 @@ enum class Mutant {
   StaleGatheredParams,
   TpCountedAsDp,
   ReplicaDrift,
+  // Resumed runs only (spec resume.at; NOTE [checkpoints]):
+  ResumeOptimizerUnsaved,
+  ResumeStepReset,
+  ResumeSamplerRestart,
+  ResumeSamplerSkip,
+  ResumeShardUnwritten,
 };
 
 /// What a strategy does, as far as the mutants care (backends/<strategy>.cpp says it).
@@ -33,6 +39,8 @@ struct StrategyTraits {
   /// its TP-replicated tensors (ZeRO-1/2 also digest their gathered replicas for
   /// replicas.agree but step shards, and pp digests its stages, without the mutant).
   bool replica_digests = false;
+  /// Its model state is split over ranks (ZeRO, FSDP, TP, PP): ranks but 0 save pieces too.
+  bool sharded_state = false;
 };
 
 /// One row of the mutant table.
@@ -41,6 +49,8 @@ struct MutantInfo {
   std::string name;       ///< "local-mean"
   std::string bug_class;  ///< the real-world bug it stands for
   bool (*applies)(const StrategyTraits&);
+  /// The bug is in saving or loading a checkpoint: it runs with resume.at (a resumed run).
+  bool needs_resume = false;
 };
 
 /// Every mutant, in report order.
@@ -49,6 +59,8 @@ const std::vector<MutantInfo>& mutant_table();
 std::string mutant_name(Mutant m);
 /// Parses a mutant name ("" is None); throws std::invalid_argument listing the names.
 Mutant parse_mutant(const std::string& name);
+/// Whether `m` is planted in a checkpoint's save or load (MutantInfo::needs_resume).
+bool needs_resume(Mutant m);
 /// The mutants a strategy with these traits can plant, in report order.
 std::vector<std::string> mutants_for(const StrategyTraits& traits);
 

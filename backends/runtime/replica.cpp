@@ -1,5 +1,7 @@
 #include "backends/runtime/replica.hpp"
 
+#include "backends/runtime/checkpoint.hpp"
+
 #include <torch/csrc/distributed/c10d/Types.hpp>
 
 #include <algorithm>
@@ -164,14 +166,14 @@ void ParamStepper::step(const RankContext& ctx, int update,
   torch::NoGradGuard ng;
   for (const auto& [name, p] : params) {
     if (ctx.spec->dtype != DType::BFloat16) {
-      optimizer_step(ctx.spec->optimizer, update + 1, p, p.grad(), slots_[name]);
+      optimizer_step(ctx.spec->optimizer, ctx.step_of(update), p, p.grad(), slots_[name]);
       continue;
     }
     // NOTE [mixed precision] bfloat16 runs follow the usual recipe: bf16 weights and
     // gradients for compute, float32 master weights and optimizer state for the step.
     auto& master = masters_[name];
     if (!master.defined()) master = p.detach().to(torch::kFloat32);
-    optimizer_step(ctx.spec->optimizer, update + 1, master, p.grad().to(torch::kFloat32), slots_[name]);
+    optimizer_step(ctx.spec->optimizer, ctx.step_of(update), master, p.grad().to(torch::kFloat32), slots_[name]);
     p.copy_(master);
   }
 }
@@ -217,6 +219,57 @@ void ReplicaState::collect(RankContext& ctx, RankUpdate& out) {
   out.grads = std::move(grads_before_step_);
   UntimedScope untimed(ctx);
   out.params_after = params_of(model_, ctx.spec->dtype);
+}
+
+torch::Tensor ParamStepper::stepped(const RankContext& ctx, const std::string& name, const torch::Tensor& p) {
+  if (ctx.spec->dtype != DType::BFloat16) return p;
+  auto& master = masters_[name];
+  if (!master.defined()) master = p.detach().to(torch::kFloat32);
+  return master;
+}
+
+OptimizerSlot& ParamStepper::slot(const RankContext& ctx, const std::string& name, const torch::Tensor& like,
+                                  bool allocate) {
+  OptimizerSlot& s = slots_[name];
+  if (allocate) allocate_slots(ctx.spec->optimizer, s, like);
+  return s;
+}
+
+std::vector<StatePiece> ParamStepper::state(const RankContext& ctx,
+                                            const std::vector<std::pair<std::string, torch::Tensor>>& params,
+                                            bool saves, bool allocate) {
+  std::vector<StatePiece> out;
+  for (const auto& [name, p] : params) {
+    StatePiece s;
+    s.tensor = name;
+    s.shape = p.sizes().vec();
+    s.offset.assign(s.shape.size(), 0);
+    s.saves = saves;
+    s.param = stepped(ctx, name, p);
+    const OptimizerSlot& sl = slot(ctx, name, s.param, allocate);
+    s.m = sl.m;
+    s.v = sl.v;
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+void ParamStepper::round_into(const RankContext& ctx, const std::vector<std::pair<std::string, torch::Tensor>>& params) {
+  if (ctx.spec->dtype != DType::BFloat16) return;
+  torch::NoGradGuard ng;
+  for (const auto& [name, p] : params) p.copy_(masters_.at(name));
+}
+
+std::vector<StatePiece> ReplicaState::checkpoint_state(RankContext& ctx, bool allocate) {
+  std::vector<std::pair<std::string, torch::Tensor>> params;
+  for (auto& p : model_->named_parameters()) params.emplace_back(p.key(), p.value());
+  return stepper_.state(ctx, params, ctx.rank == 0, allocate);
+}
+
+void ReplicaState::after_load(RankContext& ctx) {
+  std::vector<std::pair<std::string, torch::Tensor>> params;
+  for (auto& p : model_->named_parameters()) params.emplace_back(p.key(), p.value());
+  stepper_.round_into(ctx, params);
 }
 
 }  // namespace gradcert

@@ -54,6 +54,15 @@ class ParamStepper {
   void step(const RankContext& ctx, int update, const std::vector<std::pair<std::string, torch::Tensor>>& params);
   /// Appends its state: "master.<p>" (bfloat16 runs), "optim.<p>.m" / ".v".
   void append_state(NamedTensors& out) const;
+  /// What it steps for parameter `p` (the float32 master in bfloat16 runs, created from p if
+  /// missing; else p itself) and its slot, created as the optimizer keeps it with `allocate`.
+  torch::Tensor stepped(const RankContext& ctx, const std::string& name, const torch::Tensor& p);
+  OptimizerSlot& slot(const RankContext& ctx, const std::string& name, const torch::Tensor& like, bool allocate);
+  /// Whole parameters as StatePieces (NOTE [checkpoints]), each saved when `saves`.
+  std::vector<StatePiece> state(const RankContext& ctx, const std::vector<std::pair<std::string, torch::Tensor>>& params,
+                                bool saves, bool allocate);
+  /// bfloat16 runs: rounds the (loaded) masters into the parameters.
+  void round_into(const RankContext& ctx, const std::vector<std::pair<std::string, torch::Tensor>>& params);
 
  private:
   std::map<std::string, OptimizerSlot> slots_;
@@ -80,6 +89,9 @@ class ReplicaState {
   NamedTensors state_tensors();
   /// The replica's parameters by canonical name.
   NamedTensors replica_params();
+  /// Checkpoints (NOTE [checkpoints]): every parameter whole; global rank 0 saves.
+  std::vector<StatePiece> checkpoint_state(RankContext& ctx, bool allocate);
+  void after_load(RankContext& ctx);
 
  private:
   TinyLM model_{nullptr};

@@ -48,6 +48,24 @@ struct RankContext {
   /// Seconds this update spent building the checks' full tensors; the worker subtracts
   /// them from the step time (artifacts are gathered outside the timed step).
   double untimed_seconds = 0;
+  /// The optimizer's step counter at `update` (from 1): update + 1, unless a loaded
+  /// checkpoint's counter says otherwise (NOTE [checkpoints]).
+  int64_t step_of(int update) const { return update + 1 + step_shift; }
+  int64_t step_shift = 0;
+};
+
+/// One piece of model state a rank holds, for checkpoints (NOTE [checkpoints] in
+/// backends/runtime/checkpoint.cpp): where it lies in its canonical parameter, and views of
+/// the backend's own tensors there, so saving reads them and loading writes into them.
+struct StatePiece {
+  std::string tensor;           ///< the canonical parameter name
+  std::vector<int64_t> shape;   ///< its global shape
+  int64_t flat_begin = -1;      ///< >= 0: the row-major range [flat_begin, flat_begin + param.numel())
+  std::vector<int64_t> offset;  ///< otherwise: the box param.sizes() at these offsets
+  bool saves = true;            ///< this rank writes it (one replica saves; every holder loads)
+  /// What the optimizer steps (the float32 master in bfloat16 runs) and its slots (undefined
+  /// where the optimizer keeps none, or not yet).
+  torch::Tensor param, m, v;
 };
 
 /// Adds the wall time of its scope to ctx.untimed_seconds.
@@ -105,6 +123,13 @@ class Backend {
   /// them), digested into rank<g>.json for replicas.agree (NOTE [replica digests]). Empty:
   /// the backend reports none (sharded strategies; TP and PP do not yet).
   virtual NamedTensors replica_params() { return {}; }
+  /// The state this rank holds, as pieces of canonical tensors (NOTE [checkpoints]). With
+  /// `allocate_slots`, optimizer slots the optimizer would keep are created (zeros) first, so
+  /// a load can fill them. The default throws: the backend cannot save or load.
+  virtual std::vector<StatePiece> checkpoint_state(RankContext& ctx, bool allocate_slots);
+  /// After a load wrote into checkpoint_state's views: rebuild what derives from them (the
+  /// compute weights from masters, gathered parameters). Every rank calls it.
+  virtual void after_load(RankContext&) {}
 };
 
 }  // namespace gradcert

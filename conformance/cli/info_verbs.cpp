@@ -22,7 +22,8 @@ std::vector<Verb> add_info_verbs(CLI::App& app) {
           {list_cmd, [] {
              for (const auto& b : backend_names()) {
                std::cout << b << "\n";
-               for (const auto& m : mutant_names(b)) std::cout << "  --inject " << m << "\n";
+               for (const auto& m : mutant_names(b))
+                 std::cout << "  --inject " << m << (needs_resume(parse_mutant(m)) ? "  (with --resume-at K)" : "") << "\n";
              }
              return kPass;
            }}};
@@ -36,6 +37,8 @@ Verb add_worker_verb(CLI::App& app) {
   worker->add_option("--backend", args->backend)->required();
   worker->add_option("--port", args->store_port)->required();
   worker->add_option("--inject", args->inject);
+  worker->add_option("--save-at", args->save_at);
+  worker->add_option("--resume-from", args->resume_from);
   return {worker, [args] { return worker_main(*args); }};
 }
 

@@ -16,6 +16,8 @@ namespace {
 struct RunOptions {
   std::string backend = "ddp", inject, model, command;
   bool sampler_audit = false;
+  int resume_at = 0;  ///< 0: the spec's resume.at
+  std::string resume_backend;
 };
 
 // FILE.py:FUNC relative to where gradcert was started: the runner and the stack run elsewhere.
@@ -48,6 +50,12 @@ Verb add_run_verb(CLI::App& app, CommonOptions& o) {
                   "(spec model.factory; --backend external)");
   run->add_option("--command", r->command,
                   "with --backend external: the command that runs the stack (see backends/PROTOCOL.md)");
+  run->add_option("--resume-at", r->resume_at,
+                  "stop after K updates, save a checkpoint, end every rank, and resume in a new process group "
+                  "(spec resume.at)")
+      ->check(CLI::Range(1, 1 << 30));
+  run->add_option("--resume-backend", r->resume_backend,
+                  "with --resume-at: the strategy that loads the checkpoint and trains on (spec resume.backend)");
   run->add_flag("--sampler-audit", r->sampler_audit,
                 "with --backend external: the stack samples on its own; gradcert audits the ids it reports");
   return {run, [&o, r] {
@@ -55,6 +63,9 @@ Verb add_run_verb(CLI::App& app, CommonOptions& o) {
             RunRequest req;
             req.spec = spec_with_overrides(o);
             if (!r->model.empty()) req.spec.model.factory = absolute_factory(r->model);
+            if (r->resume_at > 0) req.spec.resume.at = r->resume_at;
+            if (!r->resume_backend.empty()) req.spec.resume.backend = r->resume_backend;
+            validate_spec(req.spec);  // resume.backend without resume.at
             req.backend = r->backend;
             req.world = o.world == 0 && r->backend == "single" ? std::max(1, o.tp) * std::max(1, o.pp) : o.world;
             req.tp = o.tp;

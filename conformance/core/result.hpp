@@ -89,6 +89,10 @@ struct RunReport {
   std::string dtype;
   std::string optimizer;
   std::string inject;     ///< "" for the correct backend
+  /// A resumed run (NOTE [resume] in conformance/run/harness.cpp): the save after `resume_at`
+  /// updates, and the second leg's strategy. 0: not resumed.
+  int resume_at = 0;
+  std::string resume_backend;
   int updates = 0;
   int64_t update_batch = 0;
   std::vector<CheckResult> checks;

@@ -197,6 +197,10 @@ void validate_spec(const Spec& s) {
     throw SpecError("pipeline.schedule", "unknown schedule '" + s.pipeline.schedule + "' (expected 1f1b or gpipe)");
   timeout_seconds(s.timeout.run_s, "timeout.run_s");
   if (!(s.memory.budget_bytes >= 0)) throw SpecError("memory.budget_bytes", "must be >= 0 (0: no budget)");
+  // resume.at < the plan's number of updates is the harness's check (it knows the plan).
+  if (s.resume.at < 0) throw SpecError("resume.at", "must be >= 1 (updates before the save), or 0 for no resume");
+  if (s.resume.at == 0 && !s.resume.backend.empty())
+    throw SpecError("resume.backend", "needs resume.at (the update count at which the run stops and resumes)");
 }
 
 Spec parse_spec(const std::string& text, const std::string& source) {
@@ -267,6 +271,10 @@ Spec parse_spec(const std::string& text, const std::string& source) {
     t.get("run_s", s.timeout.run_s);
   });
   r.object("memory", [&](Reader& m) { m.get("budget_bytes", s.memory.budget_bytes); });
+  r.object("resume", [&](Reader& q) {
+    q.get("at", s.resume.at);
+    q.get("backend", s.resume.backend);
+  });
   r.finish();
   validate_spec(s);
   return s;
@@ -307,6 +315,8 @@ std::string spec_to_json(const Spec& s) {
       {"pipeline", {{"schedule", s.pipeline.schedule}}},
       {"memory", {{"budget_bytes", s.memory.budget_bytes}}},
   };
+  // Only a resumed run says so: every other spec (and plan.json) stays as it was.
+  if (s.resume.at > 0) j["resume"] = {{"at", s.resume.at}, {"backend", s.resume.backend}};
   return j.dump(2);
 }
 

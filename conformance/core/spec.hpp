@@ -100,6 +100,14 @@ struct MemorySpec {
   double budget_bytes = 0;  ///< 0: no budget (memory.budget is skipped)
 };
 
+/// A run that stops and resumes (NOTE [resume] in conformance/run/harness.cpp): the first leg
+/// trains `at` updates and saves a checkpoint; every process stops; a second leg starts a new
+/// process group (of `backend`, "" = the same strategy), loads it and trains to the end.
+struct ResumeSpec {
+  int at = 0;           ///< updates before the save; 0: no resume
+  std::string backend;  ///< the second leg's strategy ("" = the first leg's)
+};
+
 /// Everything a run is a function of.
 struct Spec {
   uint64_t seed = 1234;
@@ -114,6 +122,7 @@ struct Spec {
   TimeoutSpec timeout;
   PipelineSpec pipeline;
   MemorySpec memory;
+  ResumeSpec resume;
 
   /// The relative tolerance for this spec's dtype.
   double parity_tolerance() const;

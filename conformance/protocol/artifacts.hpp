@@ -7,6 +7,7 @@
 #include "conformance/core/memory_types.hpp"
 #include "conformance/core/plan.hpp"
 #include "conformance/core/tensors.hpp"
+#include "conformance/protocol/safetensors.hpp"
 
 namespace gradcert {
 
@@ -111,6 +112,16 @@ std::string shard_file(int update, int rank, const char* kind);
 /// with its placement in the "gradcert.placement" metadata entry (possibly no pieces).
 void write_rank_shards(const std::string& dir, int update, int rank, const std::vector<ShardPiece>& grads,
                        const std::vector<ShardPiece>& params);
+
+/// Writes `pieces` to one safetensors file at `path` with their placement in the
+/// "gradcert.placement" metadata entry (beside `metadata`): the shard file format.
+void write_placed_file(const std::string& path, const std::vector<ShardPiece>& pieces,
+                       std::map<std::string, std::string> metadata);
+/// Reads placed files (dir/<file> each) as the shard artifacts are read: every replica group
+/// must tile every tensor of `expect` exactly once (errors name `what`, the tensor, the
+/// elements and the files). Returns each group's tensors, streamed (NOTE [streamed tensors]).
+std::map<int, TensorMap> read_placed(const std::string& dir, const std::vector<std::string>& files,
+                                     const std::map<std::string, TensorExpectation>& expect, const std::string& what);
 
 /// One update's scalar results for the manifest.
 struct ManifestUpdate {

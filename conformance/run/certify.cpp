@@ -53,11 +53,34 @@ std::vector<RunRequest> certify_matrix(const CertifyOptions& o) {
   for (const auto* s : all) add(s->name, s->primary, other_opt, o.spec.dtype, "");
   if (o.spec.dtype == DType::Float64)
     for (const auto* s : all) add(s->name, s->primary, base_opt, DType::Float32, "");
+  // Resumed runs (NOTE [resume]): every strategy saves and resumes at its primary topology,
+  // with AdamW (moments and a step counter to lose), at the last update inside an epoch (a
+  // sampler that restarts its epoch then repeats examples); none when the plan has one update.
+  auto resume_point = [&](const RunRequest& r) {
+    const Plan plan = make_plan(effective_spec(r));
+    int at = 0;
+    for (const auto& w : plan.windows)
+      if (w.update > 0 && w.index_in_epoch > 0) at = w.update;
+    return at > 0 ? at : static_cast<int>(plan.windows.size()) - 1;
+  };
+  auto add_resumed = [&](const StrategyInfo& s, const CertifyTopology& t, const std::string& inject) {
+    add(s.name, t, "adamw", o.spec.dtype, inject);
+    out.back().spec.resume.at = resume_point(out.back());
+    if (out.back().spec.resume.at < 1) {
+      out.pop_back();
+      return;
+    }
+    out.back().run_dir = o.out_dir + "/runs/" + run_dir_name(out.back());
+  };
+  for (const auto* s : all) add_resumed(*s, s->primary, "");
   if (o.mutants)
     for (const auto* s : all) {
       CertifyTopology m = s->primary;
       if (s->mutant_world > 0) m.world = s->mutant_world;
-      for (const auto& name : mutant_names(s->name)) add(s->name, m, base_opt, o.spec.dtype, name);
+      for (const auto& name : mutant_names(s->name)) {
+        if (needs_resume(parse_mutant(name))) add_resumed(*s, m, name);
+        else add(s->name, m, base_opt, o.spec.dtype, name);
+      }
     }
   return out;
 }
@@ -134,6 +157,8 @@ std::string run_dir_name(const RunRequest& r) {
   if (s.topology.tp > 1) n += "-tp" + std::to_string(s.topology.tp);
   if (s.topology.pp > 1) n += "-pp" + std::to_string(s.topology.pp) + "-" + s.pipeline.schedule;
   n += "-" + dtype_name(s.dtype) + "-" + s.optimizer.name;
+  if (s.resume.at > 0)
+    n += "-resume" + std::to_string(s.resume.at) + (s.resume.backend.empty() ? "" : "-" + s.resume.backend);
   if (!r.inject.empty()) n += "-" + r.inject;
   return n;
 }

@@ -1,12 +1,14 @@
 #include "conformance/run/harness.hpp"
 
 #include "conformance/checks/diagnosis.hpp"
+#include "conformance/protocol/checkpoint.hpp"
 #include "conformance/protocol/reference_artifacts.hpp"
 #include "conformance/run/python_reference.hpp"
 
 #include "backends/catalog.hpp"
 #include "conformance/checks/checks.hpp"
 #include "conformance/core/files.hpp"
+#include "conformance/core/format.hpp"
 #include "conformance/memory/memory.hpp"
 #include "conformance/protocol/run_folder.hpp"
 #include "conformance/protocol/safetensors.hpp"
@@ -148,7 +150,9 @@ RunMemoryEvidence add_memory_and_throughput(RunReport& report, const Spec& spec,
   double save_pause = -1;
   for (int r = 0; r < plan.world(); ++r) {
     const RankMemory rm = read_rank_memory(dir, r);
-    const MemoryEstimate e = estimate_for_run(spec, strategy_info(report.backend).sharding, r);
+    // A resumed run's memory is the second leg's (NOTE [resume]): its strategy's estimate.
+    const std::string measured = report.resume_at > 0 ? report.resume_backend : report.backend;
+    const MemoryEstimate e = estimate_for_run(spec, strategy_info(measured).sharding, r);
     evidence.ranks.push_back({r, rm.model_state_bytes, e.model_state()});
     if (!m.has_estimate || e.model_state() > m.estimate.model_state()) {
       m.has_estimate = true;
@@ -175,6 +179,9 @@ void validate_request(const RunRequest& req, const Spec& spec, const Plan& plan)
   if (req.backend == kExternalBackend) {
     if (req.command.empty()) throw std::invalid_argument("--backend external needs --command \"<launch command>\"");
     if (!req.inject.empty()) throw std::invalid_argument("--inject applies to built-in backends only");
+    if (spec.resume.at > 0)
+      throw std::invalid_argument("resume.at (--resume-at) applies to built-in backends only so far: the protocol's "
+                                  "GRADCERT_SAVE_AT / GRADCERT_RESUME_FROM are not yet spoken by the Python client");
     return;
   }
   if (req.sampler_audit) throw std::invalid_argument("--sampler-audit applies to --backend external only");
@@ -185,8 +192,21 @@ void validate_request(const RunRequest& req, const Spec& spec, const Plan& plan)
     throw std::invalid_argument("optimizer.max_grad_norm applies to --backend external: the built-in backends do "
                                 "not clip");
   auto backend = make_backend(req.backend);
-  backend->validate(plan, plan.world(), parse_mutant(req.inject));
+  const Mutant mutant = parse_mutant(req.inject);
+  backend->validate(plan, plan.world(), mutant);
   backend->validate_model(spec.model, plan);
+  if (needs_resume(mutant) && spec.resume.at == 0)
+    throw std::invalid_argument("--inject " + req.inject + " plants its bug in a checkpoint: it needs --resume-at K");
+  if (spec.resume.at == 0) return;
+  const int updates = static_cast<int>(plan.windows.size());
+  if (spec.resume.at >= updates)
+    throw std::invalid_argument("resume.at (--resume-at) is " + std::to_string(spec.resume.at) + ": the plan has " +
+                                std::to_string(updates) + " updates, so it must be in 1.." + std::to_string(updates - 1) +
+                                " (a second leg must have updates to run)");
+  const std::string second = spec.resume.backend.empty() ? req.backend : spec.resume.backend;
+  auto resumed = make_backend(second);
+  resumed->validate(plan, plan.world(), mutant);
+  resumed->validate_model(spec.model, plan);
 }
 
 RunReport report_of(const RunRequest& req, const Spec& spec, const Plan& plan) {
@@ -196,10 +216,110 @@ RunReport report_of(const RunRequest& req, const Spec& spec, const Plan& plan) {
   report.dtype = dtype_name(spec.dtype);
   report.optimizer = spec.optimizer.name;
   report.inject = req.inject;
+  report.resume_at = spec.resume.at;
+  if (spec.resume.at > 0) report.resume_backend = spec.resume.backend.empty() ? req.backend : spec.resume.backend;
   report.updates = static_cast<int>(plan.windows.size());
   report.update_batch = plan.update_batch;
   report.run_dir = req.run_dir;
   return report;
+}
+
+// resume.checkpoint: the first leg's checkpoint holds the state the run had after update K - 1
+// (NOTE [checkpoint format]): every tensor complete (a missing rank file or piece names the rank
+// and the tensor), the parameters equal to the run's own after update K - 1 (exactly, in the run's
+// dtype), the step counter K and the sampler at update K's window. What it cannot see: optimizer
+// moments that are complete but wrong (the trajectory checks after the resume judge those).
+CheckResult check_checkpoint(const Spec& spec, const Plan& plan, const std::string& run_dir, const std::string& nonce,
+                             const std::vector<BackendUpdate>& run, const std::string& saver) {
+  CheckResult c;
+  c.id = "resume.checkpoint";
+  const int K = spec.resume.at;
+  TensorMap shapes = initial_params(spec);
+  for (auto& kv : shapes) kv.second.held = {};
+  Checkpoint cp;
+  try {
+    cp = read_checkpoint(run_dir + "/" + kCheckpointDir, plan.world(),
+                         checkpoint_expectation(shapes, spec.optimizer, spec.dtype), nonce);
+  } catch (const ArtifactError& e) {
+    c.verdict = Verdict::Fail;
+    c.figure = 1;
+    c.detail = e.what();
+    return c;
+  }
+  std::vector<std::string> problems;
+  const CheckpointRecord& r = cp.record;
+  if (r.backend != saver) problems.push_back("checkpoint.json says backend '" + r.backend + "' saved it, not " + saver);
+  if (r.updates_done != K)
+    problems.push_back("it says it holds the state after " + std::to_string(r.updates_done) +
+                       " updates; the first leg ran " + std::to_string(K));
+  if (r.optimizer_step != K)
+    problems.push_back("the optimizer's step counter is " + std::to_string(r.optimizer_step) + " after " +
+                       std::to_string(K) + " updates (AdamW's bias correction would restart)");
+  const Window& next = plan.windows.at(K);
+  if (r.next_epoch != next.epoch || r.next_index_in_epoch != next.index_in_epoch)
+    problems.push_back("the sampler is saved at epoch " + std::to_string(r.next_epoch) + " window " +
+                       std::to_string(r.next_index_in_epoch) + "; update " + std::to_string(K) + " is epoch " +
+                       std::to_string(next.epoch) + " window " + std::to_string(next.index_in_epoch));
+  const auto type = scalar_type(spec.dtype);
+  for (const auto& [name, had] : run.at(K - 1).params_after) {
+    const torch::Tensor saved = from_host(cp.tensors.at("param." + name), scalar_type(checkpoint_dtype(spec.dtype))).to(type);
+    const torch::Tensor held = from_host(had, type);
+    if (torch::equal(saved, held)) continue;
+    const auto differ = saved.ne(held).reshape({-1});
+    const int64_t first = differ.nonzero().index({0, 0}).item<int64_t>();
+    problems.push_back("param." + name + " differs from the run's parameters after update " + std::to_string(K - 1) +
+                       " at " + std::to_string(differ.sum().item<int64_t>()) + " of " + std::to_string(differ.numel()) +
+                       " elements (first at " + std::to_string(first) + ": saved " +
+                       exact_text(saved.reshape({-1})[first].item<double>()) + ", the run had " +
+                       exact_text(held.reshape({-1})[first].item<double>()) + ")");
+  }
+  c.figure = static_cast<double>(problems.size());
+  if (problems.empty()) {
+    c.verdict = Verdict::Pass;
+    c.detail = "the state after update " + std::to_string(K - 1) + " (" + std::to_string(cp.tensors.size()) +
+               " tensors, saved by " + r.backend + " on " + std::to_string(r.world) +
+               " ranks): complete, its parameters equal the run's exactly, step counter " + std::to_string(K) +
+               ", sampler at update " + std::to_string(K) + "'s window; the second leg resumed from it";
+    return c;
+  }
+  c.verdict = Verdict::Fail;
+  for (size_t i = 0; i < problems.size(); ++i) c.detail += (i ? "; " : "") + problems[i];
+  return c;
+}
+
+// A leg's records, kept under <leg>.* so the next leg writes its own (NOTE [resume]).
+void keep_leg(const std::string& dir, int world, const std::string& leg) {
+  std::vector<std::string> names = {"manifest.json"};
+  for (int r = 0; r < world; ++r)
+    for (const char* kind : {".json", ".log"}) names.push_back("rank" + std::to_string(r) + kind);
+  for (const auto& n : names) {
+    std::error_code ec;
+    if (fs::exists(fs::symlink_status(dir + "/" + n, ec))) fs::rename(dir + "/" + n, dir + "/" + leg + "." + n);
+  }
+}
+
+// manifest.json and rank<r>.json as the two legs' records end to end: the harness writes only
+// what the legs wrote (each must be an object with an "updates" array); the strict readers then
+// check the whole as one run (update indices, nonce, files).
+void join_legs(const std::string& dir, int world) {
+  std::vector<std::string> names = {"manifest.json"};
+  for (int r = 0; r < world; ++r) names.push_back("rank" + std::to_string(r) + ".json");
+  for (const auto& n : names) {
+    nlohmann::json legs[2];
+    for (int k = 0; k < 2; ++k) {
+      const std::string path = dir + "/leg" + std::to_string(k + 1) + "." + n;
+      legs[k] = parse_artifact_json(read_text_file(path), path);
+      if (!legs[k].is_object() || !legs[k].contains("updates") || !legs[k].at("updates").is_array())
+        throw ArtifactError(path + ": field 'updates' must be an array (the leg's records)");
+    }
+    nlohmann::json joined = legs[1];
+    joined["updates"] = legs[0].at("updates");
+    for (const auto& u : legs[1].at("updates")) joined["updates"].push_back(u);
+    // Legs of different strategies: a schema 2 manifest may name full files (backends/PROTOCOL.md).
+    if (n == "manifest.json" && legs[0].value("schema", "") != legs[1].value("schema", ""))
+      joined["schema"] = "gradcert.artifacts/2";
+    write_file_atomic(dir + "/" + n, joined.dump(1));
+  }
 }
 
 // NOTE [checking a run folder] What follows the launch, and all `gradcert check` does: read
@@ -282,6 +402,16 @@ void check_artifacts(RunReport& report, const RunRequest& req, const Spec& spec,
       input.memory = &memory;
     }
     report.checks = run_checks(input);
+    if (spec.resume.at > 0) {
+      // The diagnosis of a resume: a trajectory that breaks exactly where the second leg began.
+      const std::string at = "first failing update " + std::to_string(spec.resume.at) + " ";
+      for (auto& c : report.checks)
+        if (c.verdict == Verdict::Fail && c.detail.find(at) != std::string::npos)
+          c.detail += "; update " + std::to_string(spec.resume.at) +
+                      " is the first the resumed leg ran, and every update before it passed: the state did not "
+                      "survive the checkpoint (NOTE [resume])";
+      report.checks.push_back(check_checkpoint(spec, plan, req.run_dir, nonce, artifacts, req.backend));
+    }
     report.tensor_errors = tensor_errors(forced.empty() ? reference : forced, artifacts);  // per-tensor figures (HTML report)
   } catch (const ArtifactError& e) {
     report.error = std::string("bad artifacts: ") + e.what();
@@ -342,21 +472,28 @@ RunReport run_backend(const RunRequest& req) {
   // NOTE [store] The harness serves the ranks' c10d TCPStore itself, on a port the kernel
   // picks (port 0), for the life of the run: no rank has to win a race for a "free" port
   // another run may take first, and no rank's death takes the store with it.
-  c10::intrusive_ptr<c10d::TCPStore> store;
-  if (!external && world > 1) {
+  auto serve_store = [&] {
+    c10::intrusive_ptr<c10d::TCPStore> served;
+    if (external || world == 1) return served;
     c10d::TCPStoreOptions opts;
     opts.port = 0;
     opts.isServer = true;
     opts.waitWorkers = false;
     opts.timeout = std::chrono::milliseconds(static_cast<int64_t>(spec.timeout.collective_s * 1000));
-    store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", opts);
-  }
+    served = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", opts);
+    return served;
+  };
+  c10::intrusive_ptr<c10d::TCPStore> store = serve_store();
+  auto worker_argv = [&](const std::string& backend, const c10::intrusive_ptr<c10d::TCPStore>& served) {
+    std::vector<std::string> argv = {req.exe, "worker", "--run-dir", req.run_dir, "--backend", backend,
+                                     "--port", std::to_string(served ? served->getPort() : 0)};
+    if (!req.inject.empty()) argv.insert(argv.end(), {"--inject", req.inject});
+    return argv;
+  };
   LaunchRequest launch_req;
   launch_req.kind = req.launcher;
   launch_req.world = world;
-  launch_req.argv = {req.exe, "worker", "--run-dir", req.run_dir, "--backend", req.backend,
-                     "--port", std::to_string(store ? store->getPort() : 0)};
-  if (!req.inject.empty()) launch_req.argv.insert(launch_req.argv.end(), {"--inject", req.inject});
+  launch_req.argv = worker_argv(req.backend, store);
   launch_req.env = {{"GRADCERT_RUN_NONCE", nonce}};
   if (external) {
     // One launcher process runs the command; the stack starts its own ranks (e.g. torchrun).
@@ -383,7 +520,55 @@ RunReport run_backend(const RunRequest& req) {
   }
   launch_req.timeout = std::chrono::milliseconds(static_cast<int64_t>(spec.timeout.run_s * 1000));
   launch_req.log_dir = req.run_dir;
-  const LaunchResult launched = launch(launch_req);
+  LaunchResult launched;
+  std::string incomplete;  // a resumed run whose first leg saved no loadable checkpoint
+  if (spec.resume.at > 0) {
+    // NOTE [resume] A resumed run (resume.at = K) is two legs in one run folder. The first
+    // leg's ranks train updates [0, K), save a checkpoint (NOTE [checkpoints]) and exit; the
+    // harness keeps its records as leg1.* and reads the checkpoint; only if it is complete does
+    // a new process group (on a new store, of resume.backend) start: the second leg loads it,
+    // trains [K, end) and measures memory; its records are kept as leg2.*. manifest.json and
+    // rank<r>.json are then the legs' records end to end (join_legs), and every check runs over
+    // both legs as one run, beside resume.checkpoint on the saved state itself. An incomplete
+    // checkpoint ends the run after the first leg: resume.checkpoint fails naming the rank and
+    // the tensor, and nothing else is judged. Same world only: another world changes the plan.
+    const std::string cp_dir = req.run_dir + "/" + kCheckpointDir;
+    LaunchRequest first = launch_req;
+    first.argv.insert(first.argv.end(), {"--save-at", std::to_string(spec.resume.at)});
+    launched = launch(first);
+    if (!launched.ok) launched.message = "first leg (updates 0.." + std::to_string(spec.resume.at - 1) + "): " + launched.message;
+    if (launched.ok) {
+      keep_leg(req.run_dir, world, "leg1");
+      TensorMap shapes = initial_params(spec);
+      for (auto& kv : shapes) kv.second.held = {};
+      try {
+        (void)read_checkpoint(cp_dir, world, checkpoint_expectation(shapes, spec.optimizer, spec.dtype), nonce);
+      } catch (const ArtifactError& e) {
+        incomplete = e.what();
+      }
+    }
+    if (launched.ok && incomplete.empty()) {
+      store = serve_store();  // a fresh rendezvous: the first group's keys stay behind
+      LaunchRequest second = launch_req;
+      second.argv = worker_argv(report.resume_backend, store);
+      second.argv.insert(second.argv.end(), {"--resume-from", cp_dir});
+      launched = launch(second);
+      if (!launched.ok)
+        launched.message = "second leg (" + report.resume_backend + ", updates " + std::to_string(spec.resume.at) +
+                           ".." + std::to_string(plan.windows.size() - 1) + "): " + launched.message;
+    }
+    if (launched.ok && incomplete.empty()) {
+      keep_leg(req.run_dir, world, "leg2");
+      try {
+        join_legs(req.run_dir, world);
+      } catch (const ArtifactError& e) {
+        launched.ok = false;
+        launched.message = std::string("bad artifacts: ") + e.what();
+      }
+    }
+  } else {
+    launched = launch(launch_req);
+  }
 
   report.interrupted = launched.interrupted;
   if (!launched.ok) {
@@ -395,6 +580,13 @@ RunReport run_backend(const RunRequest& req) {
         if (auto at = report.error.find(from); at != std::string::npos) report.error.replace(at, from.size(), to);
       report.error += stack_traceback(req.run_dir + "/rank0.log");
     }
+  } else if (!incomplete.empty()) {
+    CheckResult c;
+    c.id = "resume.checkpoint";
+    c.verdict = Verdict::Fail;
+    c.figure = 1;
+    c.detail = incomplete + " (the second leg was not started: nothing else is judged)";
+    report.checks.push_back(c);
   } else {
     check_artifacts(report, req, spec, plan, nonce, req.run_dir);
   }

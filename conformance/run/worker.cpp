@@ -1,6 +1,7 @@
 #include "conformance/run/worker.hpp"
 
 #include "backends/catalog.hpp"
+#include "backends/runtime/checkpoint.hpp"
 #include "conformance/memory/memory.hpp"
 #include "conformance/protocol/inputs.hpp"
 #include "conformance/run/probes.hpp"
@@ -81,6 +82,23 @@ c10::intrusive_ptr<c10d::Store> make_store(int world, int port, double timeout_s
   return c10::make_intrusive<c10d::TCPStore>("127.0.0.1", opts);
 }
 
+// The windows a resumed leg consumes from update `first` on: the plan's, from the sampler
+// position the checkpoint saved (`next`, a window index; `next` = first unless a planted
+// sampler bug moved it), renumbered as updates first, first + 1, ... A position past the
+// plan's end takes the windows of later epochs from a longer plan of the same spec.
+Plan resumed_sampler(const Spec& spec, const Plan& plan, int first, int next) {
+  if (next == first) return plan;
+  Spec longer = spec;
+  longer.updates = next + static_cast<int>(plan.windows.size()) - first;
+  const Plan source = make_plan(longer);
+  Plan out = plan;
+  for (size_t u = static_cast<size_t>(first); u < out.windows.size(); ++u) {
+    out.windows[u] = source.windows.at(static_cast<size_t>(next) + u - static_cast<size_t>(first));
+    out.windows[u].update = static_cast<int>(u);
+  }
+  return out;
+}
+
 }  // namespace
 
 int worker_main(const WorkerArgs& args) {
@@ -109,11 +127,35 @@ int worker_main(const WorkerArgs& args) {
     ctx.mutant = parse_mutant(args.inject);
     if (world > 1) make_process_groups(ctx, make_store(world, args.store_port, spec.timeout.collective_s));
     backend->setup(ctx);
+    const char* nonce = std::getenv("GRADCERT_RUN_NONCE");  // NOTE [run nonce]
+
+    // A resumed run's legs (NOTE [resume] in harness.cpp, NOTE [checkpoints]).
+    int first = 0, end = static_cast<int>(plan.windows.size());
+    Plan sampler = plan;
+    if (!args.resume_from.empty()) {
+      const CheckpointRecord cp = load_checkpoint(ctx, *backend, args.resume_from, nonce ? nonce : "");
+      first = cp.updates_done;
+      if (first < 1 || first >= end)
+        throw std::invalid_argument(args.resume_from + "/checkpoint.json: updates_done " + std::to_string(first) +
+                                    " is outside the plan's 1.." + std::to_string(end - 1));
+      ctx.step_shift = cp.optimizer_step - cp.updates_done;
+      int next = cp.next_epoch * plan.windows_per_epoch + cp.next_index_in_epoch;
+      const int epoch_start = plan.windows[first].epoch * plan.windows_per_epoch;
+      // The planted load bugs: the step counter not restored; the sampler not fast-forwarded
+      // (its epoch starts over) or moved on to the next epoch.
+      if (ctx.mutant == Mutant::ResumeStepReset) ctx.step_shift = -cp.updates_done;
+      if (ctx.mutant == Mutant::ResumeSamplerRestart) next = epoch_start;
+      if (ctx.mutant == Mutant::ResumeSamplerSkip) next = epoch_start + plan.windows_per_epoch;
+      sampler = resumed_sampler(spec, plan, first, next);
+      ctx.plan = &sampler;
+    }
+    if (args.save_at > 0) end = args.save_at;
 
     std::vector<RankUpdateRecord> records;
     std::vector<ManifestUpdate> manifest;
     bool sharded = false;
-    for (const auto& w : plan.windows) {
+    for (int update = first; update < end; ++update) {
+      const Window& w = sampler.windows[update];
       maybe_fault(rank, w.update);
       ctx.untimed_seconds = 0;
       const auto t0 = std::chrono::steady_clock::now();
@@ -134,8 +176,18 @@ int worker_main(const WorkerArgs& args) {
       }
       maybe_corrupt(args.run_dir, rank, w.update, u.sharded);
     }
+    if (args.save_at > 0) {
+      CheckpointRecord rec;
+      rec.backend = args.backend;
+      rec.world = world;
+      rec.updates_done = args.save_at;
+      rec.optimizer_step = args.save_at;
+      rec.next_epoch = plan.windows[args.save_at].epoch;
+      rec.next_index_in_epoch = plan.windows[args.save_at].index_in_epoch;
+      rec.nonce = nonce ? nonce : "";
+      save_checkpoint(ctx, *backend, args.run_dir + "/" + kCheckpointDir, rec);
+    }
     // The harness gives every rank this run's nonce; the files echo it (NOTE [run nonce]).
-    const char* nonce = std::getenv("GRADCERT_RUN_NONCE");
     write_rank_record(args.run_dir, rank, plan.dp_rank_of(rank), records, nonce ? nonce : "");
     if (rank == 0) write_manifest(args.run_dir, args.backend, world, manifest, nonce ? nonce : "", sharded);
 
@@ -148,6 +200,11 @@ int worker_main(const WorkerArgs& args) {
     // backend of this spec and strategy holds at its peaks; a planted bug changes what is
     // computed, and certify runs the correct backend of the same spec beside it. So a mutant
     // run measures its model state (memory.lower_bound) but no peaks (memory.budget skips).
+    // A first leg measures nothing: the second measures the run's memory (NOTE [resume]).
+    if (args.save_at > 0) {
+      if (ctx.pg) ctx.pg->barrier()->wait();
+      return 0;
+    }
     if (ctx.mutant == Mutant::None) measure_buckets(ctx, args.backend, args.run_dir, memory);
     memory.process_high_water_bytes = process_high_water_bytes();
     write_rank_memory(args.run_dir, memory);

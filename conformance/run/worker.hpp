@@ -10,6 +10,10 @@ struct WorkerArgs {
   std::string backend;
   std::string inject;
   int store_port = 0;   ///< the harness serves the c10d TCPStore on 127.0.0.1:store_port
+  /// A resumed run's legs (NOTE [resume] in harness.cpp): the first trains updates [0, save_at)
+  /// and saves into <run_dir>/checkpoint; the second loads resume_from and trains the rest.
+  int save_at = 0;
+  std::string resume_from;
 };
 
 /// Runs every update of the plan on this rank and writes its artifacts. Returns the exit

@@ -74,7 +74,8 @@ std::string throughput_table(const std::vector<Throughput>& runs) {
 static std::string backend_cell(const RunReport& run) {
   if (run.resume_at == 0) return run.backend;
   return run.backend + "@" + std::to_string(run.resume_at) +
-         (run.resume_backend != run.backend ? ">" + run.resume_backend : "");
+         (run.resume_backend != run.backend ? ">" + run.resume_backend : "") +
+         (run.resume_world != run.topology.world() ? "/w" + std::to_string(run.resume_world) : "");
 }
 
 std::string report_table(const Report& r) {

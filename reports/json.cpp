@@ -174,7 +174,8 @@ std::string report_json(const Report& r) {
               {"run_dir", run.run_dir},
               {"wall_seconds", run.wall_seconds}};
     if (!run.checked_from.empty()) j["checked_from"] = run.checked_from;
-    if (run.resume_at > 0) j["resume"] = {{"at", run.resume_at}, {"backend", run.resume_backend}};
+    if (run.resume_at > 0)
+      j["resume"] = {{"at", run.resume_at}, {"backend", run.resume_backend}, {"world", run.resume_world}};
     if (!run.error.empty()) j["error"] = run.error;
     if (run.interrupted) j["interrupted"] = true;
     if (!run.tensor_errors.empty()) {

@@ -88,7 +88,7 @@ CheckpointRecord load_checkpoint(RankContext& ctx, Backend& backend, const std::
   TensorMap shapes = initial_params(*ctx.spec);
   for (auto& kv : shapes) kv.second.held = {};
   const Checkpoint cp =
-      read_checkpoint(dir, ctx.world, checkpoint_expectation(shapes, expect_opt, ctx.spec->dtype), nonce);
+      read_checkpoint(dir, /*world: the saver's*/ 0, checkpoint_expectation(shapes, expect_opt, ctx.spec->dtype), nonce);
   const auto type = scalar_type(checkpoint_dtype(ctx.spec->dtype));
   std::string cached_name;
   torch::Tensor cached;  // one canonical tensor at a time (pieces come grouped by tensor)

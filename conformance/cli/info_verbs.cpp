@@ -39,6 +39,8 @@ Verb add_worker_verb(CLI::App& app) {
   worker->add_option("--inject", args->inject);
   worker->add_option("--save-at", args->save_at);
   worker->add_option("--resume-from", args->resume_from);
+  worker->add_option("--spec-file", args->spec_file);
+  worker->add_option("--plan-file", args->plan_file);
   return {worker, [args] { return worker_main(*args); }};
 }
 

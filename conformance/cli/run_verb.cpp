@@ -17,6 +17,7 @@ struct RunOptions {
   std::string backend = "ddp", inject, model, command;
   bool sampler_audit = false;
   int resume_at = 0;  ///< 0: the spec's resume.at
+  int resume_world = 0;
   std::string resume_backend;
 };
 
@@ -56,6 +57,10 @@ Verb add_run_verb(CLI::App& app, CommonOptions& o) {
       ->check(CLI::Range(1, 1 << 30));
   run->add_option("--resume-backend", r->resume_backend,
                   "with --resume-at: the strategy that loads the checkpoint and trains on (spec resume.backend)");
+  run->add_option("--resume-world", r->resume_world,
+                  "with --resume-at: the second leg's world (TP and PP kept; B_update kept: spec resume.micro / "
+                  "resume.accum, or derived)")
+      ->check(CLI::Range(1, 1 << 20));
   run->add_flag("--sampler-audit", r->sampler_audit,
                 "with --backend external: the stack samples on its own; gradcert audits the ids it reports");
   return {run, [&o, r] {
@@ -65,6 +70,7 @@ Verb add_run_verb(CLI::App& app, CommonOptions& o) {
             if (!r->model.empty()) req.spec.model.factory = absolute_factory(r->model);
             if (r->resume_at > 0) req.spec.resume.at = r->resume_at;
             if (!r->resume_backend.empty()) req.spec.resume.backend = r->resume_backend;
+            if (r->resume_world > 0) req.spec.resume.world = r->resume_world;
             validate_spec(req.spec);  // resume.backend without resume.at
             req.backend = r->backend;
             req.world = o.world == 0 && r->backend == "single" ? std::max(1, o.tp) * std::max(1, o.pp) : o.world;

@@ -83,6 +83,53 @@ Plan make_plan(const Spec& spec) {
   return p;
 }
 
+Spec second_leg_spec(const Spec& spec) {
+  if (spec.resume.at == 0 || (!spec.resume.world && !spec.resume.micro && !spec.resume.accum)) return spec;
+  Spec s = spec;
+  const int tp = spec.topology.tp, pp = spec.topology.pp;
+  const int world = spec.resume.world ? spec.resume.world : spec.topology.world();
+  const int64_t B = update_batch_size(spec.batch.micro, spec.batch.accum, spec.topology.dp);
+  if (world % (tp * pp) != 0)
+    throw SpecError("resume.world", std::to_string(world) + " is not a multiple of TP x PP = " + std::to_string(tp * pp));
+  const int dp = world / (tp * pp);
+  s.topology.dp = dp;
+  const std::string keep = "B_update " + std::to_string(B) + " (" + std::to_string(spec.batch.micro) + " x " +
+                           std::to_string(spec.batch.accum) + " x " + std::to_string(spec.topology.dp) + ")";
+  if (spec.resume.micro || spec.resume.accum) {
+    s.batch.micro = spec.resume.micro ? spec.resume.micro : spec.batch.micro;
+    s.batch.accum = spec.resume.accum ? spec.resume.accum : static_cast<int>(B / (int64_t(s.batch.micro) * dp));
+    if (update_batch_size(s.batch.micro, s.batch.accum, dp) != B)
+      throw SpecError(spec.resume.micro ? "resume.micro" : "resume.accum",
+                      std::to_string(s.batch.micro) + " x " + std::to_string(s.batch.accum) + " x " + std::to_string(dp) +
+                          " does not keep the first leg's " + keep);
+  } else if (B % (int64_t(spec.batch.micro) * dp) == 0) {
+    s.batch.accum = static_cast<int>(B / (int64_t(spec.batch.micro) * dp));
+  } else if (B % (int64_t(spec.batch.accum) * dp) == 0) {
+    s.batch.micro = static_cast<int>(B / (int64_t(spec.batch.accum) * dp));
+  } else {
+    throw SpecError("resume.world", "D = " + std::to_string(dp) + " cannot keep the first leg's " + keep +
+                                        " with its micro batch or its accumulation steps: give resume.micro and "
+                                        "resume.accum");
+  }
+  validate_spec(s);
+  return s;
+}
+
+Plan resumed_plan(const Spec& spec) {
+  Plan p = make_plan(spec);
+  const Spec second = second_leg_spec(spec);
+  if (spec.resume.at == 0 || (second.topology.dp == spec.topology.dp && second.batch.micro == spec.batch.micro &&
+                              second.batch.accum == spec.batch.accum))
+    return p;
+  const Plan q = make_plan(second);
+  for (size_t u = static_cast<size_t>(spec.resume.at); u < p.windows.size(); ++u) {
+    if (q.windows.at(u).ids != p.windows[u].ids)  // the same B_update and order: never
+      throw SpecError("resume.world", "the second leg's window " + std::to_string(u) + " holds other examples");
+    p.windows[u] = q.windows[u];
+  }
+  return p;
+}
+
 std::string plan_to_text(const Plan& p) {
   std::ostringstream o;
   o << "# plan: D=" << p.dp << " TP=" << p.tp << " PP=" << p.pp << " B_micro=" << p.micro << " A=" << p.accum

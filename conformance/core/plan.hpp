@@ -50,6 +50,16 @@ int64_t update_batch_size(int micro, int accum, int dp);
 /// Builds the plan for spec.topology.
 Plan make_plan(const Spec& spec);
 
+/// A resumed run's second leg (NOTE [resume] in conformance/run/harness.cpp): the spec at
+/// resume.world (TP and PP kept) with a batch split that keeps B_update (resume.micro /
+/// resume.accum, or derived: the micro batch kept if it divides, else the accumulation steps).
+/// Throws SpecError naming resume.* when no split keeps B_update. Without resume: `spec`.
+Spec second_leg_spec(const Spec& spec);
+/// The windows a resumed run trains: the first leg's plan up to resume.at, the second leg's
+/// after it (the same examples per window; their split over ranks may differ). The plan-level
+/// topology is the first leg's. Without resume: make_plan(spec).
+Plan resumed_plan(const Spec& spec);
+
 /// Human-readable plan: per update, per rank, per microstep: ids, tokens, valid targets, N.
 std::string plan_to_text(const Plan& plan);
 /// The plan as JSON (the external-backend protocol's plan section).

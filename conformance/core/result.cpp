@@ -39,7 +39,10 @@ std::string run_label(const RunReport& r) {
   if (r.topology.tp > 1) s += " tp" + std::to_string(r.topology.tp);
   if (r.topology.pp > 1) s += " pp" + std::to_string(r.topology.pp);
   s += " " + r.dtype + " " + r.optimizer;
-  if (r.resume_at > 0) s += " resumed@" + std::to_string(r.resume_at) + (r.resume_backend != r.backend ? "->" + r.resume_backend : "");
+  if (r.resume_at > 0) {
+    s += " resumed@" + std::to_string(r.resume_at) + (r.resume_backend != r.backend ? "->" + r.resume_backend : "");
+    if (r.resume_world != r.topology.world()) s += " on " + std::to_string(r.resume_world) + " ranks";
+  }
   if (!r.inject.empty()) s += " inject=" + r.inject;
   return s;
 }

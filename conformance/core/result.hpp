@@ -93,6 +93,7 @@ struct RunReport {
   /// updates, and the second leg's strategy. 0: not resumed.
   int resume_at = 0;
   std::string resume_backend;
+  int resume_world = 0;  ///< the second leg's world (= topology's world unless resume.world)
   int updates = 0;
   int64_t update_batch = 0;
   std::vector<CheckResult> checks;

@@ -199,8 +199,12 @@ void validate_spec(const Spec& s) {
   if (!(s.memory.budget_bytes >= 0)) throw SpecError("memory.budget_bytes", "must be >= 0 (0: no budget)");
   // resume.at < the plan's number of updates is the harness's check (it knows the plan).
   if (s.resume.at < 0) throw SpecError("resume.at", "must be >= 1 (updates before the save), or 0 for no resume");
-  if (s.resume.at == 0 && !s.resume.backend.empty())
-    throw SpecError("resume.backend", "needs resume.at (the update count at which the run stops and resumes)");
+  for (auto [v, f] : {std::pair{s.resume.world, "resume.world"}, {s.resume.micro, "resume.micro"},
+                      {s.resume.accum, "resume.accum"}})
+    if (v < 0) throw SpecError(f, "must be >= 1, or 0 for the first leg's");
+  if (s.resume.at == 0 && (!s.resume.backend.empty() || s.resume.world || s.resume.micro || s.resume.accum))
+    throw SpecError(s.resume.backend.empty() ? "resume.world" : "resume.backend",
+                    "needs resume.at (the update count at which the run stops and resumes)");
 }
 
 Spec parse_spec(const std::string& text, const std::string& source) {
@@ -274,6 +278,9 @@ Spec parse_spec(const std::string& text, const std::string& source) {
   r.object("resume", [&](Reader& q) {
     q.get("at", s.resume.at);
     q.get("backend", s.resume.backend);
+    q.get("world", s.resume.world);
+    q.get("micro", s.resume.micro);
+    q.get("accum", s.resume.accum);
   });
   r.finish();
   validate_spec(s);
@@ -316,7 +323,9 @@ std::string spec_to_json(const Spec& s) {
       {"memory", {{"budget_bytes", s.memory.budget_bytes}}},
   };
   // Only a resumed run says so: every other spec (and plan.json) stays as it was.
-  if (s.resume.at > 0) j["resume"] = {{"at", s.resume.at}, {"backend", s.resume.backend}};
+  if (s.resume.at > 0)
+    j["resume"] = {{"at", s.resume.at}, {"backend", s.resume.backend}, {"world", s.resume.world},
+                   {"micro", s.resume.micro}, {"accum", s.resume.accum}};
   return j.dump(2);
 }
 

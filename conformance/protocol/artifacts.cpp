@@ -160,7 +160,7 @@ const json& updates_array(const Fields& f, size_t want) {
 }  // namespace
 
 std::vector<ManifestEntry> parse_manifest_json(const std::string& text, const std::string& source, const Plan& plan,
-                                               int world, const std::string& nonce) {
+                                               int world, const std::string& nonce, int first, int count) {
   const json manifest = parse_artifact_json(text, source);
   const Fields top{manifest, source};
   const json& schema = top.at("schema");
@@ -169,13 +169,14 @@ std::vector<ManifestEntry> parse_manifest_json(const std::string& text, const st
   top.nonce(nonce);
   if (top.integer("world") != world)
     top.fail("field 'world' is " + json_excerpt(manifest.at("world")) + ", the run has " + std::to_string(world));
-  const json& ups = updates_array(top, plan.windows.size());
+  const json& ups = updates_array(top, count < 0 ? plan.windows.size() : static_cast<size_t>(count));
   std::vector<ManifestEntry> out(ups.size());
   for (size_t u = 0; u < ups.size(); ++u) {
     const Fields f{ups[u], at_index(source, u)};
     ManifestEntry& e = out[u];
     e.scalars.update = static_cast<int>(f.integer("update"));
-    if (e.scalars.update != static_cast<int>(u)) f.fail("update index " + std::to_string(e.scalars.update));
+    if (e.scalars.update != first + static_cast<int>(u))
+      f.fail("update index " + std::to_string(e.scalars.update) + ", expected " + std::to_string(first + u));
     // null: the stack exposes no such figure (NOTE [stack figures]); absent stays an error.
     e.scalars.has_loss = !f.null("loss");
     if (e.scalars.has_loss) e.scalars.loss = f.number("loss");
@@ -186,10 +187,8 @@ std::vector<ManifestEntry> parse_manifest_json(const std::string& text, const st
       if (name.empty() || name.find('/') != std::string::npos || name.find("..") != std::string::npos)
         f.fail(std::string("field '") + key + "' must name files inside the run directory, got " + json_excerpt(name));
     };
-    // Schema 2 may name full files for an update too: a resumed run whose legs are of a sharded
-    // and a replicated strategy (NOTE [resume] in conformance/run/harness.cpp).
-    e.sharded = sharded && !(f.at("grads").is_string() && f.at("params").is_string());
-    if (!e.sharded) {
+    e.sharded = sharded;
+    if (!sharded) {
       for (auto [key, target] : {std::pair{"grads", &e.grads}, {"params", &e.params}}) {
         *target = f.string(key);
         file_name(key, *target);
@@ -216,7 +215,7 @@ std::vector<ManifestEntry> parse_manifest_json(const std::string& text, const st
 }
 
 std::vector<RankRecord> parse_rank_record_json(const std::string& text, const std::string& source, const Plan& plan,
-                                               int rank, const std::string& nonce) {
+                                               int rank, const std::string& nonce, int first, int count) {
   const json rec = parse_artifact_json(text, source);
   const Fields top{rec, source};
   top.schema("gradcert.rank/1");
@@ -227,12 +226,12 @@ std::vector<RankRecord> parse_rank_record_json(const std::string& text, const st
   if (dp_rank != plan.dp_rank_of(rank))
     top.fail("rank " + std::to_string(rank) + " says DP rank " + std::to_string(dp_rank) + ", the topology gives " +
              std::to_string(plan.dp_rank_of(rank)));
-  const json& ups = updates_array(top, plan.windows.size());
+  const json& ups = updates_array(top, count < 0 ? plan.windows.size() : static_cast<size_t>(count));
   std::vector<RankRecord> out;
   for (size_t u = 0; u < ups.size(); ++u) {
     const Fields f{ups[u], at_index(source, u)};
-    if (f.integer("update") != static_cast<int64_t>(u))
-      f.fail("field 'update' is " + json_excerpt(ups[u].at("update")) + ", expected " + std::to_string(u));
+    if (f.integer("update") != first + static_cast<int64_t>(u))
+      f.fail("field 'update' is " + json_excerpt(ups[u].at("update")) + ", expected " + std::to_string(first + u));
     RankRecord rr;
     if (ups[u].contains("loss_sum")) rr.loss_sum = f.number("loss_sum"), rr.has_loss_sum = true;
     if (ups[u].contains("valid_targets")) rr.valid_targets = f.integer("valid_targets", 0, INT64_MAX);
@@ -476,7 +475,7 @@ std::map<int, TensorMap> read_placed(const std::string& dir, const std::vector<s
 }
 
 std::vector<BackendUpdate> read_run(const std::string& dir, const Plan& plan, int world, const TensorMap& expected,
-                                    DType dtype, const std::string& nonce) {
+                                    DType dtype, const std::string& nonce, const RunLeg& leg) {
   std::map<std::string, TensorExpectation> expect;
   for (const auto& [name, t] : expected) expect[name] = {t.shape, dtype};
   // Reads stay inside the run folder (NOTE [artifact files]) only while it is one.
@@ -484,8 +483,8 @@ std::vector<BackendUpdate> read_run(const std::string& dir, const Plan& plan, in
   if (!std::filesystem::is_directory(std::filesystem::symlink_status(dir, ec)))
     throw ArtifactError(dir + ": the run folder is no longer a folder (replaced by a symbolic link?)");
 
-  const std::string mpath = dir + "/manifest.json";
-  const auto entries = parse_manifest_json(read_text_file(mpath), mpath, plan, world, nonce);
+  const std::string mpath = dir + "/" + leg.prefix + "manifest.json";
+  const auto entries = parse_manifest_json(read_text_file(mpath), mpath, plan, world, nonce, leg.first, leg.count);
   std::vector<BackendUpdate> run(entries.size());
   for (size_t u = 0; u < entries.size(); ++u) {
     auto& bu = run[u];
@@ -500,10 +499,11 @@ std::vector<BackendUpdate> read_run(const std::string& dir, const Plan& plan, in
       bu.params_after = read_safetensors(dir + "/" + entries[u].params, expect);
       continue;
     }
-    Replicas g = read_shards(dir, entries[u].grad_shards, expect, "update " + std::to_string(u) + " gradients");
-    Replicas p = read_shards(dir, entries[u].param_shards, expect, "update " + std::to_string(u) + " parameters");
+    const std::string at = "update " + std::to_string(bu.update);
+    Replicas g = read_shards(dir, entries[u].grad_shards, expect, at + " gradients");
+    Replicas p = read_shards(dir, entries[u].param_shards, expect, at + " parameters");
     if (g.begin()->first != p.begin()->first)
-      throw ArtifactError(mpath + ": update " + std::to_string(u) + ": the lowest replica group of the gradients (" +
+      throw ArtifactError(mpath + ": " + at + ": the lowest replica group of the gradients (" +
                           std::to_string(g.begin()->first) + ") is not that of the parameters (" +
                           std::to_string(p.begin()->first) + ")");
     bu.grads = std::move(g.begin()->second.tensors);
@@ -529,8 +529,8 @@ std::vector<BackendUpdate> read_run(const std::string& dir, const Plan& plan, in
       }
   }
   for (int r = 0; r < world; ++r) {
-    const std::string rpath = dir + "/rank" + std::to_string(r) + ".json";
-    auto records = parse_rank_record_json(read_text_file(rpath), rpath, plan, r, nonce);
+    const std::string rpath = dir + "/" + leg.prefix + "rank" + std::to_string(r) + ".json";
+    auto records = parse_rank_record_json(read_text_file(rpath), rpath, plan, r, nonce, leg.first, leg.count);
     for (size_t u = 0; u < records.size(); ++u) run[u].ranks.push_back(std::move(records[u]));
   }
   return run;

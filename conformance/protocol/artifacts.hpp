@@ -144,23 +144,31 @@ struct ManifestEntry {
   bool sharded = false;
 };
 /// Parses manifest.json text strictly: schema (1, or 2 with shard file lists), `world`,
-/// `nonce` equal to `nonce`, one entry per plan window with integer `update` (= its index)
+/// `nonce` equal to `nonce`, one entry per plan window (or `count` of them, updates from
+/// `first`: a resumed run's leg) with integer `update` (= its index)
 /// and `valid_targets`, numeric `loss` and `step_seconds`, plain file names. Throws
 /// ArtifactError naming `source` and the field.
 std::vector<ManifestEntry> parse_manifest_json(const std::string& text, const std::string& source, const Plan& plan,
-                                               int world, const std::string& nonce);
+                                               int world, const std::string& nonce, int first = 0, int count = -1);
 /// Parses rank<rank>.json text strictly: schema, integer `rank` (= rank) and `dp_rank` (= the
 /// topology's), `nonce`, one entry per window with integer `update` and integer sample ids
 /// per microstep. Returns one record per update. Throws ArtifactError naming the field.
 std::vector<RankRecord> parse_rank_record_json(const std::string& text, const std::string& source, const Plan& plan,
-                                               int rank, const std::string& nonce);
+                                               int rank, const std::string& nonce, int first = 0, int count = -1);
 
 /// Reads a run directory strictly against the plan: the manifest, one record per rank,
 /// and each update's tensors (names, shapes and dtype from `expected`); the manifest and
 /// every record must carry `nonce` (this run's). Any problem throws ArtifactError naming
 /// the file (and the rank, field or tensor).
+/// One leg of a resumed run (NOTE [resume] in conformance/run/harness.cpp): its files are
+/// <prefix>manifest.json and <prefix>rank<r>.json, holding updates [first, first + count)
+/// (count -1: every window of the plan, from first = 0: a run that did not resume).
+struct RunLeg {
+  std::string prefix;
+  int first = 0, count = -1;
+};
 std::vector<BackendUpdate> read_run(const std::string& dir, const Plan& plan, int world, const TensorMap& expected,
-                                    DType dtype, const std::string& nonce);
+                                    DType dtype, const std::string& nonce, const RunLeg& leg = {});
 
 /// The names, shapes and dtypes of a run folder's tensors, as its update 0 parameters say
 /// (a schema 1 file, or the placements of the schema 2 shard files), no values: for a reader

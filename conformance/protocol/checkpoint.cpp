@@ -103,6 +103,7 @@ Checkpoint read_checkpoint(const std::string& dir, int world, const std::map<std
     throw ArtifactError(dir + ": no checkpoint folder (the first leg saved nothing)");
   Checkpoint cp;
   cp.record = parse_checkpoint_record(read_text_file(dir + "/checkpoint.json"), dir + "/checkpoint.json", nonce);
+  if (world == 0) world = cp.record.world;
   if (cp.record.world != world)
     throw ArtifactError(dir + "/checkpoint.json: field 'world' is " + std::to_string(cp.record.world) +
                         ", the first leg ran " + std::to_string(world) + " ranks");

@@ -48,7 +48,8 @@ struct Checkpoint {
   TensorMap tensors;
 };
 /// Throws ArtifactError naming the rank whose file is missing, and the tensor and elements
-/// no file holds (NOTE [checkpoint format]).
+/// no file holds (NOTE [checkpoint format]). `world`: the saving leg's (0: as the record says,
+/// for a loader of another world).
 Checkpoint read_checkpoint(const std::string& dir, int world, const std::map<std::string, TensorExpectation>& expect,
                            const std::string& nonce);
 

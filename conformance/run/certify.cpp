@@ -158,7 +158,8 @@ std::string run_dir_name(const RunRequest& r) {
   if (s.topology.pp > 1) n += "-pp" + std::to_string(s.topology.pp) + "-" + s.pipeline.schedule;
   n += "-" + dtype_name(s.dtype) + "-" + s.optimizer.name;
   if (s.resume.at > 0)
-    n += "-resume" + std::to_string(s.resume.at) + (s.resume.backend.empty() ? "" : "-" + s.resume.backend);
+    n += "-resume" + std::to_string(s.resume.at) + (s.resume.backend.empty() ? "" : "-" + s.resume.backend) +
+         (s.resume.world ? "-w" + std::to_string(s.resume.world) : "");
   if (!r.inject.empty()) n += "-" + r.inject;
   return n;
 }

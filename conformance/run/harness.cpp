@@ -204,9 +204,11 @@ void validate_request(const RunRequest& req, const Spec& spec, const Plan& plan)
                                 std::to_string(updates) + " updates, so it must be in 1.." + std::to_string(updates - 1) +
                                 " (a second leg must have updates to run)");
   const std::string second = spec.resume.backend.empty() ? req.backend : spec.resume.backend;
+  (void)resumed_plan(spec);  // SpecError naming resume.* when no batch split keeps B_update
+  const Plan leg2 = make_plan(second_leg_spec(spec));
   auto resumed = make_backend(second);
-  resumed->validate(plan, plan.world(), mutant);
-  resumed->validate_model(spec.model, plan);
+  resumed->validate(leg2, leg2.world(), mutant);
+  resumed->validate_model(spec.model, leg2);
 }
 
 RunReport report_of(const RunRequest& req, const Spec& spec, const Plan& plan) {
@@ -217,7 +219,10 @@ RunReport report_of(const RunRequest& req, const Spec& spec, const Plan& plan) {
   report.optimizer = spec.optimizer.name;
   report.inject = req.inject;
   report.resume_at = spec.resume.at;
-  if (spec.resume.at > 0) report.resume_backend = spec.resume.backend.empty() ? req.backend : spec.resume.backend;
+  if (spec.resume.at > 0) {
+    report.resume_backend = spec.resume.backend.empty() ? req.backend : spec.resume.backend;
+    report.resume_world = second_leg_spec(spec).topology.world();
+  }
   report.updates = static_cast<int>(plan.windows.size());
   report.update_batch = plan.update_batch;
   report.run_dir = req.run_dir;
@@ -298,30 +303,6 @@ void keep_leg(const std::string& dir, int world, const std::string& leg) {
   }
 }
 
-// manifest.json and rank<r>.json as the two legs' records end to end: the harness writes only
-// what the legs wrote (each must be an object with an "updates" array); the strict readers then
-// check the whole as one run (update indices, nonce, files).
-void join_legs(const std::string& dir, int world) {
-  std::vector<std::string> names = {"manifest.json"};
-  for (int r = 0; r < world; ++r) names.push_back("rank" + std::to_string(r) + ".json");
-  for (const auto& n : names) {
-    nlohmann::json legs[2];
-    for (int k = 0; k < 2; ++k) {
-      const std::string path = dir + "/leg" + std::to_string(k + 1) + "." + n;
-      legs[k] = parse_artifact_json(read_text_file(path), path);
-      if (!legs[k].is_object() || !legs[k].contains("updates") || !legs[k].at("updates").is_array())
-        throw ArtifactError(path + ": field 'updates' must be an array (the leg's records)");
-    }
-    nlohmann::json joined = legs[1];
-    joined["updates"] = legs[0].at("updates");
-    for (const auto& u : legs[1].at("updates")) joined["updates"].push_back(u);
-    // Legs of different strategies: a schema 2 manifest may name full files (backends/PROTOCOL.md).
-    if (n == "manifest.json" && legs[0].value("schema", "") != legs[1].value("schema", ""))
-      joined["schema"] = "gradcert.artifacts/2";
-    write_file_atomic(dir + "/" + n, joined.dump(1));
-  }
-}
-
 // NOTE [checking a run folder] What follows the launch, and all `gradcert check` does: read
 // the artifacts in req.run_dir strictly (they must echo `nonce`), recompute the reference
 // (the C++ one, or the Python runner for a model factory or clipping, writing its artifacts
@@ -351,7 +332,21 @@ void check_artifacts(RunReport& report, const RunRequest& req, const Spec& spec,
     TensorMap shapes = spec.model.factory.empty() ? initial_params(spec)
                                                   : read_safetensors(req.run_dir + "/initial.safetensors");
     for (auto& kv : shapes) kv.second.held = {};
-    const auto artifacts = read_run(req.run_dir, plan, plan.world(), shapes, spec.dtype, nonce);
+    // A resumed run's legs (NOTE [resume]) are read as one run over the windows both trained.
+    const bool resumed = spec.resume.at > 0;
+    const Spec leg2_spec = second_leg_spec(spec);
+    const Plan leg2_plan = resumed ? make_plan(leg2_spec) : Plan{};
+    const Plan checked_plan = resumed ? resumed_plan(spec) : Plan{};
+    const Plan& plan_in = resumed ? checked_plan : plan;
+    std::vector<BackendUpdate> artifacts;
+    if (!resumed) {
+      artifacts = read_run(req.run_dir, plan, plan.world(), shapes, spec.dtype, nonce);
+    } else {
+      const int K = spec.resume.at, N = static_cast<int>(plan.windows.size());
+      artifacts = read_run(req.run_dir, plan, plan.world(), shapes, spec.dtype, nonce, {"leg1.", 0, K});
+      for (auto& u : read_run(req.run_dir, checked_plan, leg2_plan.world(), shapes, spec.dtype, nonce, {"leg2.", K, N - K}))
+        artifacts.push_back(std::move(u));
+    }
     // NOTE [sampler audit] The ledger and update size are checked against the plan (so a
     // duplicated or dropped example is a finding); the gradients against a reference over
     // the ids the stack really consumed (so the gradient math is judged on its own data).
@@ -376,14 +371,14 @@ void check_artifacts(RunReport& report, const RunRequest& req, const Spec& spec,
                                  ref.precision_note + ")";
     } else {
       remove_spill.armed = true;
-      References refs = run_references(spec, req.sampler_audit ? plan_from_consumed(spec, plan, artifacts) : plan,
+      References refs = run_references(spec, req.sampler_audit ? plan_from_consumed(spec, plan, artifacts) : plan_in,
                                        artifacts, spill_dir);
       reference = std::move(refs.free_running);
       forced = std::move(refs.forced);
       report.diagnosis.note = "no diagnosis: the C++ reference computes no per-piece gradients (run with --model)";
     }
     CheckInput input;
-    input.plan = &plan;
+    input.plan = &plan_in;
     input.dataset_size = spec.dataset.size;
     input.reference = &reference;
     if (!forced.empty()) input.forced = &forced;
@@ -398,7 +393,9 @@ void check_artifacts(RunReport& report, const RunRequest& req, const Spec& spec,
     if (req.backend == kExternalBackend) {
       add_throughput(report, plan, artifacts);  // memory: the protocol has no memory file (v1)
     } else {
-      memory = add_memory_and_throughput(report, spec, plan, req.run_dir, artifacts);
+      // A resumed run's memory is its second leg's, at that leg's world (NOTE [resume]).
+      memory = resumed ? add_memory_and_throughput(report, leg2_spec, leg2_plan, req.run_dir, artifacts)
+                       : add_memory_and_throughput(report, spec, plan, req.run_dir, artifacts);
       input.memory = &memory;
     }
     report.checks = run_checks(input);
@@ -472,9 +469,9 @@ RunReport run_backend(const RunRequest& req) {
   // NOTE [store] The harness serves the ranks' c10d TCPStore itself, on a port the kernel
   // picks (port 0), for the life of the run: no rank has to win a race for a "free" port
   // another run may take first, and no rank's death takes the store with it.
-  auto serve_store = [&] {
+  auto serve_store = [&](int ranks) {
     c10::intrusive_ptr<c10d::TCPStore> served;
-    if (external || world == 1) return served;
+    if (external || ranks == 1) return served;
     c10d::TCPStoreOptions opts;
     opts.port = 0;
     opts.isServer = true;
@@ -483,7 +480,7 @@ RunReport run_backend(const RunRequest& req) {
     served = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", opts);
     return served;
   };
-  c10::intrusive_ptr<c10d::TCPStore> store = serve_store();
+  c10::intrusive_ptr<c10d::TCPStore> store = serve_store(world);
   auto worker_argv = [&](const std::string& backend, const c10::intrusive_ptr<c10d::TCPStore>& served) {
     std::vector<std::string> argv = {req.exe, "worker", "--run-dir", req.run_dir, "--backend", backend,
                                      "--port", std::to_string(served ? served->getPort() : 0)};
@@ -525,13 +522,14 @@ RunReport run_backend(const RunRequest& req) {
   if (spec.resume.at > 0) {
     // NOTE [resume] A resumed run (resume.at = K) is two legs in one run folder. The first
     // leg's ranks train updates [0, K), save a checkpoint (NOTE [checkpoints]) and exit; the
-    // harness keeps its records as leg1.* and reads the checkpoint; only if it is complete does
-    // a new process group (on a new store, of resume.backend) start: the second leg loads it,
-    // trains [K, end) and measures memory; its records are kept as leg2.*. manifest.json and
-    // rank<r>.json are then the legs' records end to end (join_legs), and every check runs over
-    // both legs as one run, beside resume.checkpoint on the saved state itself. An incomplete
-    // checkpoint ends the run after the first leg: resume.checkpoint fails naming the rank and
-    // the tensor, and nothing else is judged. Same world only: another world changes the plan.
+    // harness keeps their records as leg1.* and reads the checkpoint; only if it is complete
+    // does a new process group start (a new store; resume.backend; resume.world ranks, with the
+    // batch split second_leg_spec gives, so B_update and every window's examples stay): the
+    // second leg reads leg2.spec.json / leg2.plan.json, loads the checkpoint, trains [K, end)
+    // and measures memory; its records are kept as leg2.*. The checks read both legs as one run
+    // over resumed_plan's windows, beside resume.checkpoint on the saved state itself. An
+    // incomplete checkpoint ends the run after the first leg: resume.checkpoint fails naming
+    // the rank and the tensor, and nothing else is judged.
     const std::string cp_dir = req.run_dir + "/" + kCheckpointDir;
     LaunchRequest first = launch_req;
     first.argv.insert(first.argv.end(), {"--save-at", std::to_string(spec.resume.at)});
@@ -548,23 +546,23 @@ RunReport run_backend(const RunRequest& req) {
       }
     }
     if (launched.ok && incomplete.empty()) {
-      store = serve_store();  // a fresh rendezvous: the first group's keys stay behind
+      // The second leg's inputs: its world's split of the same windows (second_leg_spec).
+      const Spec second_spec = second_leg_spec(spec);
+      const Plan second_plan = make_plan(second_spec);
+      write_file_atomic(req.run_dir + "/leg2.spec.json", spec_to_json(second_spec));
+      write_file_atomic(req.run_dir + "/leg2.plan.json", plan_to_json(second_plan, second_spec));
+      store = serve_store(second_plan.world());  // a fresh rendezvous: the first group's keys stay behind
       LaunchRequest second = launch_req;
+      second.world = second_plan.world();
       second.argv = worker_argv(report.resume_backend, store);
-      second.argv.insert(second.argv.end(), {"--resume-from", cp_dir});
+      second.argv.insert(second.argv.end(), {"--resume-from", cp_dir, "--spec-file", req.run_dir + "/leg2.spec.json",
+                                             "--plan-file", req.run_dir + "/leg2.plan.json"});
       launched = launch(second);
-      if (!launched.ok)
-        launched.message = "second leg (" + report.resume_backend + ", updates " + std::to_string(spec.resume.at) +
-                           ".." + std::to_string(plan.windows.size() - 1) + "): " + launched.message;
-    }
-    if (launched.ok && incomplete.empty()) {
-      keep_leg(req.run_dir, world, "leg2");
-      try {
-        join_legs(req.run_dir, world);
-      } catch (const ArtifactError& e) {
-        launched.ok = false;
-        launched.message = std::string("bad artifacts: ") + e.what();
-      }
+      if (launched.ok) keep_leg(req.run_dir, second_plan.world(), "leg2");
+      else
+        launched.message = "second leg (" + report.resume_backend + " on " + std::to_string(second_plan.world()) +
+                           " ranks, updates " + std::to_string(spec.resume.at) + ".." +
+                           std::to_string(plan.windows.size() - 1) + "): " + launched.message;
     }
   } else {
     launched = launch(launch_req);
@@ -630,6 +628,11 @@ CheckedRun check_run(const CheckRequest& c) {
                     "plan");
   if (req.backend == kExternalBackend)
     expect_input_file(dir + "/dataset.json", external_dataset(spec), false, "dataset");
+  if (spec.resume.at > 0) {  // the second leg's inputs (NOTE [resume])
+    const Spec second = second_leg_spec(spec);
+    expect_input_file(dir + "/leg2.plan.json", nlohmann::json::parse(plan_to_json(make_plan(second), second)),
+                      !c.spec_path.empty(), "second leg's plan");
+  }
 
   RunReport report = report_of(req, spec, plan);
   report.checked_from = dir;

@@ -111,10 +111,10 @@ int worker_main(const WorkerArgs& args) {
     // launcher would blame on this (healthy) rank (NOTE [blame] in the launcher).
     ::signal(SIGPIPE, SIG_IGN);
     install_tracking_allocator();  // before any tensor, so every storage is counted
-    const Spec spec = load_spec(args.run_dir + "/spec.json");
+    const Spec spec = load_spec(args.spec_file.empty() ? args.run_dir + "/spec.json" : args.spec_file);
     // Built-in ranks consume plan.json as any stack does (backends/PROTOCOL.md), never a
     // plan of their own: the harness wrote it from the same spec.
-    const Plan plan = read_plan_file(args.run_dir + "/plan.json");
+    const Plan plan = read_plan_file(args.plan_file.empty() ? args.run_dir + "/plan.json" : args.plan_file);
     auto backend = make_backend(args.backend);
     backend->validate(plan, world, parse_mutant(args.inject));
     backend->validate_model(spec.model, plan);

@@ -14,6 +14,8 @@ struct WorkerArgs {
   /// and saves into <run_dir>/checkpoint; the second loads resume_from and trains the rest.
   int save_at = 0;
   std::string resume_from;
+  /// The inputs ("" = <run_dir>/spec.json, plan.json): a second leg's are its own.
+  std::string spec_file, plan_file;
 };
 
 /// Runs every update of the plan on this rank and writes its artifacts. Returns the exit

@@ -115,6 +115,38 @@ TEST(ConformanceResume, StrategiesLoadEachOthersCheckpoints) {
   }
 }
 
+// Resharding across worlds: the second leg runs on another number of ranks with the same
+// B_update (2 -> 3: accumulation 3 -> 2; 3 -> 2: micro batch 2 -> 3), loading the first leg's
+// shards through the canonical tensors; every check runs over both worlds as one run.
+TEST(ConformanceResume, ShardedStrategiesReshardAcrossWorlds) {
+  struct Case {
+    std::string from, to;
+    int world, world2;
+  };
+  for (const Case& c : {Case{"fsdp", "fsdp", 2, 3}, Case{"fsdp", "fsdp", 3, 2}, Case{"zero3", "zero3", 2, 3},
+                        Case{"zero3", "zero3", 3, 2}, Case{"ddp", "fsdp", 2, 3}}) {
+    // World 3: B_update 18 of 26 examples, two windows: resume after the first.
+    RunRequest req = resumed(c.from, c.world, c.world == 2 ? 2 : 1,
+                             "worlds_" + c.from + std::to_string(c.world) + "_" + c.to + std::to_string(c.world2));
+    req.spec.resume.backend = c.to;
+    req.spec.resume.world = c.world2;
+    const RunReport r = run_backend(req);
+    EXPECT_TRUE(r.passed()) << c.from << " " << c.world << " -> " << c.to << " " << c.world2 << ": "
+                            << test::failures(r);
+    EXPECT_EQ(r.resume_world, c.world2);
+    EXPECT_TRUE(fs::exists(req.run_dir + "/leg2.rank" + std::to_string(c.world2 - 1) + ".json")) << req.run_dir;
+  }
+  // No batch split of B_update 12 over D = 5 keeps the micro batch or the accumulation steps.
+  RunRequest odd = resumed("fsdp", 2, 2, "worlds_odd");
+  odd.spec.resume.world = 5;
+  try {
+    (void)run_backend(odd);
+    ADD_FAILURE() << "world 5 ran";
+  } catch (const SpecError& e) {
+    EXPECT_NE(std::string(e.what()).find("resume.world"), std::string::npos) << e.what();
+  }
+}
+
 // Over two epochs (6 updates): a resume after the last update of epoch 0 (K = 3), and one in
 // the middle of epoch 1, whose final window is partial (K = 4).
 TEST(ConformanceResume, AResumeAtAnEpochsEndAndInsideAPartialWindowsEpochPass) {

@@ -56,7 +56,7 @@ ShardPiece shard_of(const StatePiece& s, const std::string& name, const torch::T
 
 }  // namespace
 
-void save_checkpoint(RankContext& ctx, Backend& backend, const std::string& dir, const CheckpointRecord& record) {
+int64_t save_checkpoint(RankContext& ctx, Backend& backend, const std::string& dir, const CheckpointRecord& record) {
   torch::NoGradGuard ng;
   std::filesystem::create_directories(dir);
   const DType dtype = checkpoint_dtype(ctx.spec->dtype);
@@ -74,6 +74,9 @@ void save_checkpoint(RankContext& ctx, Backend& backend, const std::string& dir,
                       {{"gradcert.checkpoint", "after update " + std::to_string(record.updates_done - 1)}});
   if (ctx.pg) ctx.pg->barrier()->wait();
   if (ctx.rank == 0) write_checkpoint_record(dir, record);
+  int64_t held = 0;
+  for (const auto& p : pieces) held += static_cast<int64_t>(p.data.held.size() * sizeof(double));
+  return held;
 }
 
 CheckpointRecord load_checkpoint(RankContext& ctx, Backend& backend, const std::string& dir,

@@ -14,7 +14,8 @@ namespace gradcert {
 /// This rank saves its pieces of the backend's state to dir/checkpoint_file(rank); rank 0
 /// writes `record` (after a barrier, so checkpoint.json means every file is there). The
 /// mutants resume-optimizer-unsaved and resume-shard-unwritten plant their bugs here.
-void save_checkpoint(RankContext& ctx, Backend& backend, const std::string& dir, const CheckpointRecord& record);
+/// Returns the bytes of the host copies it held at once (the pieces it wrote), for the save's peak.
+int64_t save_checkpoint(RankContext& ctx, Backend& backend, const std::string& dir, const CheckpointRecord& record);
 
 /// Loads dir into the backend (set up from the initial weights): every canonical tensor is
 /// assembled from any rank's pieces and each of this rank's pieces copied out of it; then

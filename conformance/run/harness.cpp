@@ -164,6 +164,19 @@ RunMemoryEvidence add_memory_and_throughput(RunReport& report, const Spec& spec,
       if (p.phase == "save" && p.bucket == "typical") save_pause = std::max(save_pause, p.seconds);
     }
   }
+  // A resumed run's first leg measured its checkpoint save on every rank (NOTE [resume]): the
+  // pause is the real one, and memory.budget holds its peaks too.
+  double real_save = -1;
+  if (report.resume_at > 0)
+    for (int r = 0; r < report.topology.world(); ++r) {
+      std::error_code ec;
+      if (!fs::exists(dir + "/leg1.memory/rank" + std::to_string(r) + ".memory.json", ec)) continue;  // a first leg that measured none
+      for (const auto& p : read_rank_memory(dir + "/leg1.memory", r).peaks) {
+        m.peaks.push_back(p);
+        real_save = std::max(real_save, p.seconds);
+      }
+    }
+  if (real_save >= 0) save_pause = real_save;
   evidence.peaks = m.peaks;
   report.has_memory = true;
 

@@ -185,7 +185,18 @@ int worker_main(const WorkerArgs& args) {
       rec.next_epoch = plan.windows[args.save_at].epoch;
       rec.next_index_in_epoch = plan.windows[args.save_at].index_in_epoch;
       rec.nonce = nonce ? nonce : "";
-      save_checkpoint(ctx, *backend, args.run_dir + "/" + kCheckpointDir, rec);
+      // The save's pause and peak on this rank (NOTE [resume]): the tracked storage it allocates
+      // plus the host copies of its pieces, and the seconds until every rank has saved.
+      MemoryPhases phases("resume", rank);
+      phases.start();
+      const int64_t host = save_checkpoint(ctx, *backend, args.run_dir + "/" + kCheckpointDir, rec);
+      phases.mark("checkpoint save");
+      RankMemory saved;
+      saved.rank = rank;
+      saved.peaks = phases.phases();
+      for (auto& p : saved.peaks) p.peak_bytes += host;
+      std::filesystem::create_directories(args.run_dir + "/leg1.memory");
+      write_rank_memory(args.run_dir + "/leg1.memory", saved);
     }
     // The harness gives every rank this run's nonce; the files echo it (NOTE [run nonce]).
     write_rank_record(args.run_dir, rank, plan.dp_rank_of(rank), records, nonce ? nonce : "");

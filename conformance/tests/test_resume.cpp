@@ -69,6 +69,15 @@ TEST(ConformanceResume, EveryStrategyResumesAtTheSameWorldAndPassesEveryCheck) {
     for (const char* id : {"grad.parity", "params.parity", "batch.sample_ledger", "targets.window_count"})
       ASSERT_NE(check_of(r, id), nullptr) << c.backend << " " << id;
     EXPECT_EQ(r.resume_at, 2);
+    // The first leg measured its save on every rank: the pause and a peak the budget holds.
+    int saves = 0;
+    for (const auto& p : r.memory.peaks)
+      if (p.phase == "checkpoint save") {
+        ++saves;
+        EXPECT_GT(p.peak_bytes, 0) << c.backend << " rank " << p.rank;
+        EXPECT_LE(p.seconds, r.throughput.save_pause_seconds) << c.backend;
+      }
+    EXPECT_EQ(saves, c.world) << c.backend;
     for (const char* f : {"leg1.manifest.json", "leg2.manifest.json", "leg1.rank0.json", "checkpoint/checkpoint.json",
                           "checkpoint/rank0.safetensors"})
       EXPECT_TRUE(fs::exists(req.run_dir + "/" + f)) << c.backend << ": " << f;

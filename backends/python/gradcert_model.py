@@ -31,6 +31,7 @@ if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
 from gradcert_ref import PROTOCOL_VERSION  # noqa: E402,F401
+from gradcert_ref import checkpoint as ckpt  # noqa: E402
 from gradcert_ref import client, mutants  # noqa: E402
 from gradcert_ref import factory as factory_mod  # noqa: E402
 
@@ -328,9 +329,35 @@ def train(run: client.Run, rank: int, world: int, model: nn.Module, strategy: St
     step, artifacts. The reduced gradient is captured by a client.GradRecorder in the
     optimizer's step pre-hook; `optimizer.max_grad_norm` > 0 clips in a later pre-hook
     (the artifact stays pre-clip). `masters` (bf16): name -> (param, fp32 master); the
-    optimizer steps the masters and the bf16 params are copied from them."""
+    optimizer steps the masters and the bf16 params are copied from them.
+
+    A resumed run's legs (gradcert_ref/checkpoint.py): GRADCERT_RESUME_FROM loads the
+    checkpoint (before any hook is registered: DCP's state-dict helpers run one zero-lr
+    step) and starts at the update it names; GRADCERT_SAVE_AT=K stops after update K-1 and
+    saves with DCP (every rank)."""
     plan, data = run.plan, run.dataset
     consumed_all = run.consumed(rank)
+    try:
+        resume = ckpt.Resume()
+    except client.ProtocolError as e:
+        fail(str(e))
+    if mutant in mutants.RESUME_MUTANTS and not resume.active:
+        fail(f"--mutant {mutant} plants its bug in a checkpoint: run it under gradcert run --resume-at K")
+    if resume.active and masters:
+        fail("this adapter keeps bf16 master weights outside the model, which its DCP checkpoint does not hold: "
+             "a resumed run needs float64 / float32 here (or FSDP2's bf16 policy)")
+    if resume.active and run.sampler == "own":
+        fail("GRADCERT_SAMPLER=own with a resumed run: the stack's own sampler position is not checkpointed yet")
+    first, end = 0, len(plan)
+    if resume.resume_from:
+        try:
+            first = ckpt.load(plan, model, optimizer, resume.resume_from, mutant)
+        except client.ProtocolError as e:
+            fail(str(e))
+    if resume.save_at is not None:
+        if not first < resume.save_at < len(plan):
+            fail(f"GRADCERT_SAVE_AT={resume.save_at}: expected {first + 1}..{len(plan) - 1} (updates before the save)")
+        end = resume.save_at
     recorder = client.GradRecorder(optimizer, source=strategy.full_grads)  # gathers outside the timed region
     clip_handle = None
     # clip-per-rank: each rank clips its own accumulated gradient before the reduction (a
@@ -344,7 +371,7 @@ def train(run: client.Run, rank: int, world: int, model: nn.Module, strategy: St
         opt_params = [m for _, m in masters.values()] if masters else [p for p in model.parameters()]
         clip_handle = optimizer.register_step_pre_hook(
             lambda *_: strategy.clip_grad_norm(opt_params, plan.max_grad_norm))
-    for u in range(len(plan)):
+    for u in range(first, end):
         t0 = time.perf_counter()
         partial = plan.partial(u)
         if mutants.drops_window(mutant, partial):  # every rank drops it alike: no collective to join
@@ -352,7 +379,7 @@ def train(run: client.Run, rank: int, world: int, model: nn.Module, strategy: St
             grads = {n: torch.zeros_like(p) for n, p in params.items()}
             writer.record(u, [[] for _ in range(plan.accum)], 0.0, 0, 0.0, 0, time.perf_counter() - t0, grads, params)
             continue
-        consumed = consumed_all[u]
+        consumed = consumed_all[ckpt.sampler_window(plan, first, u, mutant) if resume.resume_from else u]
         batches = [data.collate(ids) for ids in consumed]
         n_r = sum(b.valid_targets for b in batches if b is not None)
         rows_r = sum(data.rows_with_targets(ids) for ids in consumed)
@@ -408,6 +435,11 @@ def train(run: client.Run, rank: int, world: int, model: nn.Module, strategy: St
     recorder.remove()
     if clip_handle is not None:
         clip_handle.remove()
+    if resume.save_at is not None:
+        try:
+            ckpt.save(plan, model, optimizer, end, resume.save_dir, writer.backend, mutant)
+        except client.ProtocolError as e:
+            fail(str(e))
     writer.memory = memory_per_rank(model, optimizer, masters)
 
 

@@ -18,7 +18,7 @@ struct RunOptions {
   bool sampler_audit = false;
   int resume_at = 0;  ///< 0: the spec's resume.at
   int resume_world = 0;
-  std::string resume_backend;
+  std::string resume_backend, resume_command;
 };
 
 // FILE.py:FUNC relative to where gradcert was started: the runner and the stack run elsewhere.
@@ -57,6 +57,9 @@ Verb add_run_verb(CLI::App& app, CommonOptions& o) {
       ->check(CLI::Range(1, 1 << 30));
   run->add_option("--resume-backend", r->resume_backend,
                   "with --resume-at: the strategy that loads the checkpoint and trains on (spec resume.backend)");
+  run->add_option("--resume-command", r->resume_command,
+                  "with --backend external and --resume-at: the command whose ranks load the checkpoint and train on "
+                  "(default: --command; spec resume.command)");
   run->add_option("--resume-world", r->resume_world,
                   "with --resume-at: the second leg's world (TP and PP kept; B_update kept: spec resume.micro / "
                   "resume.accum, or derived)")
@@ -71,6 +74,7 @@ Verb add_run_verb(CLI::App& app, CommonOptions& o) {
             if (r->resume_at > 0) req.spec.resume.at = r->resume_at;
             if (!r->resume_backend.empty()) req.spec.resume.backend = r->resume_backend;
             if (r->resume_world > 0) req.spec.resume.world = r->resume_world;
+            if (!r->resume_command.empty()) req.spec.resume.command = r->resume_command;
             validate_spec(req.spec);  // resume.backend without resume.at
             req.backend = r->backend;
             req.world = o.world == 0 && r->backend == "single" ? std::max(1, o.tp) * std::max(1, o.pp) : o.world;

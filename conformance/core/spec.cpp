@@ -202,8 +202,10 @@ void validate_spec(const Spec& s) {
   for (auto [v, f] : {std::pair{s.resume.world, "resume.world"}, {s.resume.micro, "resume.micro"},
                       {s.resume.accum, "resume.accum"}})
     if (v < 0) throw SpecError(f, "must be >= 1, or 0 for the first leg's");
-  if (s.resume.at == 0 && (!s.resume.backend.empty() || s.resume.world || s.resume.micro || s.resume.accum))
-    throw SpecError(s.resume.backend.empty() ? "resume.world" : "resume.backend",
+  if (s.resume.at == 0 && (!s.resume.backend.empty() || !s.resume.command.empty() || s.resume.world ||
+                           s.resume.micro || s.resume.accum))
+    throw SpecError(!s.resume.backend.empty() ? "resume.backend" : !s.resume.command.empty() ? "resume.command"
+                                                                                            : "resume.world",
                     "needs resume.at (the update count at which the run stops and resumes)");
 }
 
@@ -278,6 +280,7 @@ Spec parse_spec(const std::string& text, const std::string& source) {
   r.object("resume", [&](Reader& q) {
     q.get("at", s.resume.at);
     q.get("backend", s.resume.backend);
+    q.get("command", s.resume.command);
     q.get("world", s.resume.world);
     q.get("micro", s.resume.micro);
     q.get("accum", s.resume.accum);
@@ -326,6 +329,7 @@ std::string spec_to_json(const Spec& s) {
   if (s.resume.at > 0)
     j["resume"] = {{"at", s.resume.at}, {"backend", s.resume.backend}, {"world", s.resume.world},
                    {"micro", s.resume.micro}, {"accum", s.resume.accum}};
+  if (!s.resume.command.empty()) j["resume"]["command"] = s.resume.command;  // external stacks only
   return j.dump(2);
 }
 

@@ -106,6 +106,8 @@ struct MemorySpec {
 struct ResumeSpec {
   int at = 0;           ///< updates before the save; 0: no resume
   std::string backend;  ///< the second leg's strategy ("" = the first leg's)
+  /// --backend external: the second leg's launch command ("" = the first leg's), e.g. DDP -> FSDP2.
+  std::string command;
   /// The second leg's world (0 = the first's; TP and PP stay) and batch split, which must
   /// keep B_update (0 = derived: the micro batch kept, else the accumulation steps).
   int world = 0, micro = 0, accum = 0;

@@ -186,17 +186,44 @@ RunMemoryEvidence add_memory_and_throughput(RunReport& report, const Spec& spec,
   return evidence;
 }
 
+// The model's names, shapes and dtypes, no values: the spec's tiny LM, or a model factory's
+// initial.safetensors in the run folder.
+TensorMap model_shapes(const Spec& spec, const std::string& run_dir) {
+  TensorMap shapes = spec.model.factory.empty() ? initial_params(spec) : read_safetensors(run_dir + "/initial.safetensors");
+  for (auto& kv : shapes) kv.second.held = {};
+  return shapes;
+}
+
+// resume.at must leave the second leg updates to run.
+void validate_resume_at(const Spec& spec, const Plan& plan) {
+  const int updates = static_cast<int>(plan.windows.size());
+  if (spec.resume.at >= updates)
+    throw std::invalid_argument("resume.at (--resume-at) is " + std::to_string(spec.resume.at) + ": the plan has " +
+                                std::to_string(updates) + " updates, so it must be in 1.." + std::to_string(updates - 1) +
+                                " (a second leg must have updates to run)");
+}
+
 // Bad input the run (or the check of its folder) refuses before anything runs: throws
 // std::invalid_argument naming the option.
 void validate_request(const RunRequest& req, const Spec& spec, const Plan& plan) {
   if (req.backend == kExternalBackend) {
     if (req.command.empty()) throw std::invalid_argument("--backend external needs --command \"<launch command>\"");
     if (!req.inject.empty()) throw std::invalid_argument("--inject applies to built-in backends only");
-    if (spec.resume.at > 0)
-      throw std::invalid_argument("resume.at (--resume-at) applies to built-in backends only so far: the protocol's "
-                                  "GRADCERT_SAVE_AT / GRADCERT_RESUME_FROM are not yet spoken by the Python client");
+    if (!spec.resume.backend.empty())
+      throw std::invalid_argument("resume.backend (--resume-backend) names a built-in strategy; an external stack's "
+                                  "second leg is resume.command (--resume-command)");
+    if (spec.resume.at > 0 && req.sampler_audit)
+      throw std::invalid_argument("--sampler-audit with resume.at (--resume-at): a stack's own sampler position is "
+                                  "not part of the checkpoint protocol yet");
+    if (spec.resume.at > 0) {
+      validate_resume_at(spec, plan);
+      (void)resumed_plan(spec);  // SpecError naming resume.* when no batch split keeps B_update
+    }
     return;
   }
+  if (!spec.resume.command.empty())
+    throw std::invalid_argument("resume.command (--resume-command) applies to --backend external; a built-in "
+                                "second leg is resume.backend (--resume-backend)");
   if (req.sampler_audit) throw std::invalid_argument("--sampler-audit applies to --backend external only");
   if (!spec.model.factory.empty())
     throw std::invalid_argument("model.factory (--model) applies to --backend external: the built-in backends train "
@@ -211,11 +238,7 @@ void validate_request(const RunRequest& req, const Spec& spec, const Plan& plan)
   if (needs_resume(mutant) && spec.resume.at == 0)
     throw std::invalid_argument("--inject " + req.inject + " plants its bug in a checkpoint: it needs --resume-at K");
   if (spec.resume.at == 0) return;
-  const int updates = static_cast<int>(plan.windows.size());
-  if (spec.resume.at >= updates)
-    throw std::invalid_argument("resume.at (--resume-at) is " + std::to_string(spec.resume.at) + ": the plan has " +
-                                std::to_string(updates) + " updates, so it must be in 1.." + std::to_string(updates - 1) +
-                                " (a second leg must have updates to run)");
+  validate_resume_at(spec, plan);
   const std::string second = spec.resume.backend.empty() ? req.backend : spec.resume.backend;
   (void)resumed_plan(spec);  // SpecError naming resume.* when no batch split keeps B_update
   const Plan leg2 = make_plan(second_leg_spec(spec));
@@ -252,12 +275,10 @@ CheckResult check_checkpoint(const Spec& spec, const Plan& plan, const std::stri
   CheckResult c;
   c.id = "resume.checkpoint";
   const int K = spec.resume.at;
-  TensorMap shapes = initial_params(spec);
-  for (auto& kv : shapes) kv.second.held = {};
   Checkpoint cp;
   try {
     cp = read_checkpoint(run_dir + "/" + kCheckpointDir, plan.world(),
-                         checkpoint_expectation(shapes, spec.optimizer, spec.dtype), nonce);
+                         checkpoint_expectation(model_shapes(spec, run_dir), spec.optimizer, spec.dtype), nonce);
   } catch (const ArtifactError& e) {
     c.verdict = Verdict::Fail;
     c.figure = 1;
@@ -266,7 +287,7 @@ CheckResult check_checkpoint(const Spec& spec, const Plan& plan, const std::stri
   }
   std::vector<std::string> problems;
   const CheckpointRecord& r = cp.record;
-  if (r.backend != saver) problems.push_back("checkpoint.json says backend '" + r.backend + "' saved it, not " + saver);
+  if (!saver.empty() && r.backend != saver) problems.push_back("checkpoint.json says backend '" + r.backend + "' saved it, not " + saver);
   if (r.updates_done != K)
     problems.push_back("it says it holds the state after " + std::to_string(r.updates_done) +
                        " updates; the first leg ran " + std::to_string(K));
@@ -342,9 +363,7 @@ void check_artifacts(RunReport& report, const RunRequest& req, const Spec& spec,
   } remove_spill{spill_dir};
   try {
     // Names, shapes and dtypes only: the values of the initial weights are not needed here.
-    TensorMap shapes = spec.model.factory.empty() ? initial_params(spec)
-                                                  : read_safetensors(req.run_dir + "/initial.safetensors");
-    for (auto& kv : shapes) kv.second.held = {};
+    const TensorMap shapes = model_shapes(spec, req.run_dir);
     // A resumed run's legs (NOTE [resume]) are read as one run over the windows both trained.
     const bool resumed = spec.resume.at > 0;
     const Spec leg2_spec = second_leg_spec(spec);
@@ -420,7 +439,9 @@ void check_artifacts(RunReport& report, const RunRequest& req, const Spec& spec,
           c.detail += "; update " + std::to_string(spec.resume.at) +
                       " is the first the resumed leg ran, and every update before it passed: the state did not "
                       "survive the checkpoint (NOTE [resume])";
-      report.checks.push_back(check_checkpoint(spec, plan, req.run_dir, nonce, artifacts, req.backend));
+      // An external stack names itself in its checkpoint (NOTE [stack checkpoints]).
+      report.checks.push_back(check_checkpoint(spec, plan, req.run_dir, nonce, artifacts,
+                                               req.backend == kExternalBackend ? "" : req.backend));
     }
     report.tensor_errors = tensor_errors(forced.empty() ? reference : forced, artifacts);  // per-tensor figures (HTML report)
   } catch (const ArtifactError& e) {
@@ -543,18 +564,37 @@ RunReport run_backend(const RunRequest& req) {
     // over resumed_plan's windows, beside resume.checkpoint on the saved state itself. An
     // incomplete checkpoint ends the run after the first leg: resume.checkpoint fails naming
     // the rank and the tensor, and nothing else is judged.
+    //
+    // NOTE [stack checkpoints] An external stack saves in its own format: the first leg's
+    // command runs with GRADCERT_SAVE_AT=K and GRADCERT_SAVE_DIR (checkpoint.stack/), the
+    // second's with GRADCERT_RESUME_FROM (and leg2.plan.json, its world's GRADCERT_NPROC). After
+    // the first leg every process has exited; gradcert_ref.dcp_export, a separate process,
+    // reads what is on disk with torch.distributed.checkpoint's own metadata (not the stack's
+    // load code) and writes gradcert's layout-independent form into checkpoint/ (each DCP
+    // chunk as a placed piece of the rank whose __<r>_*.distcp file holds it), so
+    // resume.checkpoint judges a DCP checkpoint exactly as a built-in one.
     const std::string cp_dir = req.run_dir + "/" + kCheckpointDir;
+    const std::string stack_dir = req.run_dir + "/checkpoint.stack";
     LaunchRequest first = launch_req;
-    first.argv.insert(first.argv.end(), {"--save-at", std::to_string(spec.resume.at)});
+    if (external) {
+      first.env["GRADCERT_SAVE_AT"] = std::to_string(spec.resume.at);
+      first.env["GRADCERT_SAVE_DIR"] = stack_dir;
+    } else {
+      first.argv.insert(first.argv.end(), {"--save-at", std::to_string(spec.resume.at)});
+    }
     launched = launch(first);
     if (!launched.ok) launched.message = "first leg (updates 0.." + std::to_string(spec.resume.at - 1) + "): " + launched.message;
     if (launched.ok) {
       keep_leg(req.run_dir, world, "leg1");
-      TensorMap shapes = initial_params(spec);
-      for (auto& kv : shapes) kv.second.held = {};
       try {
-        (void)read_checkpoint(cp_dir, world, checkpoint_expectation(shapes, spec.optimizer, spec.dtype), nonce);
-      } catch (const ArtifactError& e) {
+        if (external)
+          run_python_tool(spec, "dcp_export", "--from '" + stack_dir + "' --out '" + cp_dir + "' --world " +
+                                                  std::to_string(world) + " --nonce " + nonce,
+                          req.run_dir, "checkpoint-export");
+        (void)read_checkpoint(cp_dir, world,
+                              checkpoint_expectation(model_shapes(spec, req.run_dir), spec.optimizer, spec.dtype),
+                              nonce);
+      } catch (const std::runtime_error& e) {  // an incomplete checkpoint (ArtifactError), or one not readable
         incomplete = e.what();
       }
     }
@@ -566,10 +606,19 @@ RunReport run_backend(const RunRequest& req) {
       write_file_atomic(req.run_dir + "/leg2.plan.json", plan_to_json(second_plan, second_spec));
       store = serve_store(second_plan.world());  // a fresh rendezvous: the first group's keys stay behind
       LaunchRequest second = launch_req;
-      second.world = second_plan.world();
-      second.argv = worker_argv(report.resume_backend, store);
-      second.argv.insert(second.argv.end(), {"--resume-from", cp_dir, "--spec-file", req.run_dir + "/leg2.spec.json",
-                                             "--plan-file", req.run_dir + "/leg2.plan.json"});
+      if (external) {  // NOTE [stack checkpoints]
+        second.argv = {"/bin/sh", "-c", spec.resume.command.empty() ? req.command : spec.resume.command};
+        second.env["GRADCERT_PLAN"] = req.run_dir + "/leg2.plan.json";
+        second.env["GRADCERT_NPROC"] = std::to_string(second_plan.world());
+        second.env["GRADCERT_MASTER_PORT"] = std::to_string(free_local_port());
+        second.env["GRADCERT_RESUME_FROM"] = stack_dir;
+      } else {
+        second.world = second_plan.world();
+        second.argv = worker_argv(report.resume_backend, store);
+        second.argv.insert(second.argv.end(), {"--resume-from", cp_dir, "--spec-file",
+                                               req.run_dir + "/leg2.spec.json", "--plan-file",
+                                               req.run_dir + "/leg2.plan.json"});
+      }
       launched = launch(second);
       if (launched.ok) keep_leg(req.run_dir, second_plan.world(), "leg2");
       else

@@ -47,7 +47,9 @@ void run_python_tool(const Spec& spec, const std::string& module, const std::str
   const LaunchResult r = launch(req);
   if (!r.ok) {
     std::string msg = r.message;
-    if (auto at = msg.find("rank 0 "); at != std::string::npos) msg.replace(at, 7, "the reference runner ");
+    const std::string who = module == "reference" ? "the reference runner " : "gradcert_ref." + module + " ";
+    if (auto at = msg.find("rank 0 "); at != std::string::npos) msg.replace(at, 7, who);
+    if (auto at = msg.find("--- rank 0 log tail ---"); at != std::string::npos) msg.replace(at, 23, "--- its log tail ---");
     throw std::runtime_error("gradcert_ref." + module + " failed (log " + dir + "/rank0.log): " + msg);
   }
 }

@@ -200,3 +200,95 @@ TEST(ConformanceExternalMalformedControl, WellFormedFakeArtifactsAreRead) {
   EXPECT_EQ(test::ids_of(r), check_ids(/*with_memory=*/false));  // external runs measure no memory
   EXPECT_FALSE(r.passed()) << "zero gradients are not the reference's";
 }
+
+// --- Resumed runs through torch.distributed.checkpoint (NOTE [stack checkpoints]) ------------
+
+namespace {
+
+/// FSDP2 (or `adapter`) at world 2 with AdamW over two epochs of the default data (3 windows
+/// an epoch, the third partial), stopping after `at` updates.
+RunRequest resumed(const std::string& adapter, const std::string& name, int at, int world2 = 0,
+                   const std::string& args = "") {
+  RunRequest req = request(torchrun(adapter, args), name);
+  req.spec.optimizer.name = "adamw";
+  req.spec.updates = 6;
+  req.spec.resume.at = at;
+  req.spec.resume.world = world2;
+  return req;
+}
+
+void expect_resumed_certified(const RunRequest& req) {
+  const RunReport r = run_backend(req);
+  ASSERT_TRUE(r.error.empty()) << r.error;
+  EXPECT_TRUE(r.passed()) << failures(r);
+  const CheckResult* cp = check(r, "resume.checkpoint");
+  ASSERT_NE(cp, nullptr);
+  EXPECT_EQ(cp->verdict, Verdict::Pass) << cp->detail;
+  std::cout << "[ detail   ] " << cp->detail << "\n";
+  for (const char* id : {"grad.parity", "params.parity", "batch.sample_ledger"}) {
+    const CheckResult* c = check(r, id);
+    ASSERT_NE(c, nullptr) << id;
+    EXPECT_EQ(c->verdict, Verdict::Pass) << id << ": " << c->detail;
+  }
+  // The second leg trained the rest: its manifest lists updates K..end.
+  EXPECT_TRUE(fs::exists(req.run_dir + "/leg2.manifest.json"));
+  EXPECT_TRUE(fs::exists(req.run_dir + "/checkpoint.stack/.metadata"));
+}
+
+}  // namespace
+
+// FSDP2 saves its DTensor shards with DCP on 2 ranks and a new group of 3 loads them (DCP
+// reshards): the resumed trajectory equals the uninterrupted reference. K = 2: the second leg
+// starts at the partial final window of epoch 0.
+TEST(ConformanceExternalResume, Fsdp2ResumesThroughDcpFromWorld2ToWorld3) {
+  REQUIRE_TORCHRUN();
+  expect_resumed_certified(resumed("torch_fsdp2.py", "resume_fsdp2_2to3", 2, 3));
+}
+
+// DDP saves whole tensors (DCP writes each once); FSDP2 loads them as shards.
+TEST(ConformanceExternalResume, DdpCheckpointResumesInFsdp2) {
+  REQUIRE_TORCHRUN();
+  RunRequest req = resumed("torch_ddp.py", "resume_ddp_to_fsdp2", 1);
+  req.spec.resume.command = torchrun("torch_fsdp2.py");
+  expect_resumed_certified(req);
+}
+
+namespace {
+
+struct ResumeMutant {
+  std::string id, check, names;  ///< the adapter's mutant, the check that must fail, what it must say
+};
+
+void PrintTo(const ResumeMutant& m, std::ostream* os) { *os << m.id; }
+
+class ConformanceExternalResumeMutant : public testing::TestWithParam<ResumeMutant> {};
+
+}  // namespace
+
+// Each planted checkpoint bug of the adapters is caught by the check that names it.
+TEST_P(ConformanceExternalResumeMutant, IsCaughtByTheCheckThatNamesIt) {
+  REQUIRE_TORCHRUN();
+  const ResumeMutant& m = GetParam();
+  const RunReport r = run_backend(resumed("torch_fsdp2.py", "resume_" + m.id, 1, 0, "--mutant " + m.id));
+  ASSERT_TRUE(r.error.empty()) << r.error;
+  const CheckResult* c = check(r, m.check);
+  ASSERT_NE(c, nullptr) << m.check << " did not run: " << failures(r);
+  EXPECT_EQ(c->verdict, Verdict::Fail) << c->detail;
+  EXPECT_NE(c->detail.find(m.names), std::string::npos) << c->detail;
+  std::cout << "[ detail   ] " << m.id << " -> " << m.check << ": " << c->detail << "\n";
+  EXPECT_FALSE(r.passed());
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    ConformanceExternal, ConformanceExternalResumeMutant,
+    testing::Values(ResumeMutant{"resume-optimizer-unsaved", "resume.checkpoint", "'optim.blocks.0.fc.bias.m'"},
+                    ResumeMutant{"resume-step-reset", "params.parity", "update 1 is the first the resumed leg ran"},
+                    ResumeMutant{"resume-sampler-restart", "batch.sample_ledger", "consumed more than once"},
+                    ResumeMutant{"resume-sampler-skip", "batch.sample_ledger", "never consumed"},
+                    ResumeMutant{"resume-shard-unwritten", "resume.checkpoint", "rank 1 wrote no rank1.safetensors"}),
+    [](const testing::TestParamInfo<ResumeMutant>& i) {
+      std::string n = i.param.id;
+      for (auto& c : n)
+        if (c == '-') c = '_';
+      return n;
+    });

@@ -35,6 +35,13 @@ Ids (spelled as gradcert's C++ mutants):
 - `grad-scale-1.05`: a uniform 1.05x gradient scale: scale = 1.05 * D / N (as an
   unnoticed loss-scale factor would do); for the low-precision scale tests. The loss the
   stack reports stays S / N.
+
+The checkpoint bugs (with `gradcert run --resume-at K`; gradcert_ref/checkpoint.py, as
+gradcert's C++ mutants of the same names): `resume-optimizer-unsaved` (the checkpoint holds
+the model only), `resume-step-reset` (the load leaves AdamW's step counters at 0),
+`resume-sampler-restart` (the second leg starts update K's epoch over),
+`resume-sampler-skip` (it starts the next epoch), `resume-shard-unwritten` (the last rank's
+DCP files are not on disk after the save).
 """
 
 from __future__ import annotations
@@ -47,7 +54,14 @@ MUTANTS = {
     "drop-partial-window": "the partial final window is skipped (no step; zero gradient artifact)",
     "grad-scale-1.05": "a uniform 1.05x gradient scale",
     "clip-per-rank": "each rank clips its own gradient before the reduction (torch-ddp; needs optimizer.max_grad_norm)",
+    "resume-optimizer-unsaved": "the checkpoint holds the model's state only, not the optimizer's (--resume-at)",
+    "resume-step-reset": "the load leaves the optimizer's step counters at 0 (AdamW's bias correction restarts)",
+    "resume-sampler-restart": "the resumed sampler starts its epoch over (the loader is not fast-forwarded)",
+    "resume-sampler-skip": "the resumed sampler starts the next epoch, skipping the rest of the current one",
+    "resume-shard-unwritten": "the last rank's checkpoint files are not on disk after the save",
 }
+
+RESUME_MUTANTS = tuple(m for m in MUTANTS if m.startswith("resume-"))
 
 GRAD_SCALE = 1.05
 

@@ -535,7 +535,8 @@ class MutantTest(unittest.TestCase):
         for mutant in mutants.MUTANTS:
             cmd = subprocess.run(["sh", os.path.join(PY, "command.sh"), "torch-ddp", "--mutant", mutant],
                                  capture_output=True, text=True, check=True).stdout.strip()
-            p = subprocess.run([EXE, "run", "--backend", "external", "--world", "2", "--command", cmd,
+            resume = ["--optimizer", "adamw", "--resume-at", "1"] if mutant in mutants.RESUME_MUTANTS else []
+            p = subprocess.run([EXE, "run", "--backend", "external", "--world", "2", "--command", cmd, *resume,
                                 "--out", os.path.join(_TMP, "certify-" + mutant)], capture_output=True, text=True,
                                timeout=300)
             failed = [l.split()[6] for l in p.stdout.splitlines()

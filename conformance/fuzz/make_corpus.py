@@ -108,3 +108,15 @@ put("records", "manifest-shards.json", json.dumps(m2))
 m2["updates"][1]["grads"][1] = m2["updates"][1]["grads"][0]
 put("records", "manifest-shards-twice.json", json.dumps(m2))
 put("records", "rank-deep-notes.json", json.dumps(rank(0)).replace('"updates"', '"notes": ' + deep(10000) + ', "updates"', 1))
+
+# checkpoint.json (NOTE [checkpoint format])
+cp = {"schema": "gradcert.checkpoint/1", "backend": "fsdp", "world": 2, "updates_done": 2, "optimizer_step": 2,
+      "sampler": {"epoch": 0, "index_in_epoch": 2}, "nonce": NONCE}
+put("checkpoint", "valid.json", json.dumps(cp))
+put("checkpoint", "other-nonce.json", json.dumps(dict(cp, nonce="f" * 32)))
+put("checkpoint", "float-step.json", json.dumps(dict(cp, optimizer_step=2.0)))
+put("checkpoint", "huge-step.json", json.dumps(cp).replace('"optimizer_step": 2', '"optimizer_step": 18446744073709551615'))
+put("checkpoint", "no-sampler.json", json.dumps({k: v for k, v in cp.items() if k != "sampler"}))
+put("checkpoint", "dup-key.json", json.dumps(cp).replace('"world": 2', '"world": 2, "world": 3', 1))
+put("checkpoint", "deep.json", json.dumps(cp).replace('"backend": "fsdp"', '"backend": ' + deep(10000), 1))
+put("checkpoint", "not-json.json", '{"schema": ')

@@ -194,6 +194,20 @@ TensorMap model_shapes(const Spec& spec, const std::string& run_dir) {
   return shapes;
 }
 
+// An external stack's save pause (NOTE [stack checkpoints]): what its ranks measured until every
+// rank had saved, as checkpoint.json carries it from the stack's gradcert.json; -1 when absent.
+double stack_save_seconds(const std::string& cp_dir) {
+  std::error_code ec;
+  const std::string path = cp_dir + "/checkpoint.json";
+  if (!fs::exists(fs::symlink_status(path, ec))) return -1;
+  const nlohmann::json j = parse_artifact_json(read_text_file(path), path);
+  if (!j.is_object() || !j.contains("save_seconds")) return -1;
+  const nlohmann::json& v = j.at("save_seconds");
+  if (!v.is_number() || !(v.get<double>() >= 0) || !std::isfinite(v.get<double>()))
+    throw ArtifactError(path + ": field 'save_seconds' must be a finite number >= 0, got " + json_excerpt(v));
+  return v.get<double>();
+}
+
 // resume.at must leave the second leg updates to run.
 void validate_resume_at(const Spec& spec, const Plan& plan) {
   const int updates = static_cast<int>(plan.windows.size());
@@ -271,14 +285,14 @@ RunReport report_of(const RunRequest& req, const Spec& spec, const Plan& plan) {
 // dtype), the step counter K and the sampler at update K's window. What it cannot see: optimizer
 // moments that are complete but wrong (the trajectory checks after the resume judge those).
 CheckResult check_checkpoint(const Spec& spec, const Plan& plan, const std::string& run_dir, const std::string& nonce,
-                             const std::vector<BackendUpdate>& run, const std::string& saver) {
+                             const TensorMap& shapes, const std::vector<BackendUpdate>& run, const std::string& saver) {
   CheckResult c;
   c.id = "resume.checkpoint";
   const int K = spec.resume.at;
   Checkpoint cp;
   try {
     cp = read_checkpoint(run_dir + "/" + kCheckpointDir, plan.world(),
-                         checkpoint_expectation(model_shapes(spec, run_dir), spec.optimizer, spec.dtype), nonce);
+                         checkpoint_expectation(shapes, spec.optimizer, spec.dtype), nonce);
   } catch (const ArtifactError& e) {
     c.verdict = Verdict::Fail;
     c.figure = 1;
@@ -424,6 +438,7 @@ void check_artifacts(RunReport& report, const RunRequest& req, const Spec& spec,
     RunMemoryEvidence memory;
     if (req.backend == kExternalBackend) {
       add_throughput(report, plan, artifacts);  // memory: the protocol has no memory file (v1)
+      if (resumed) report.throughput.save_pause_seconds = stack_save_seconds(req.run_dir + "/" + kCheckpointDir);
     } else {
       // A resumed run's memory is its second leg's, at that leg's world (NOTE [resume]).
       memory = resumed ? add_memory_and_throughput(report, leg2_spec, leg2_plan, req.run_dir, artifacts)
@@ -440,7 +455,7 @@ void check_artifacts(RunReport& report, const RunRequest& req, const Spec& spec,
                       " is the first the resumed leg ran, and every update before it passed: the state did not "
                       "survive the checkpoint (NOTE [resume])";
       // An external stack names itself in its checkpoint (NOTE [stack checkpoints]).
-      report.checks.push_back(check_checkpoint(spec, plan, req.run_dir, nonce, artifacts,
+      report.checks.push_back(check_checkpoint(spec, plan, req.run_dir, nonce, shapes, artifacts,
                                                req.backend == kExternalBackend ? "" : req.backend));
     }
     report.tensor_errors = tensor_errors(forced.empty() ? reference : forced, artifacts);  // per-tensor figures (HTML report)

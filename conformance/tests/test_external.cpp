@@ -221,6 +221,7 @@ void expect_resumed_certified(const RunRequest& req) {
   const RunReport r = run_backend(req);
   ASSERT_TRUE(r.error.empty()) << r.error;
   EXPECT_TRUE(r.passed()) << failures(r);
+  EXPECT_GT(r.throughput.save_pause_seconds, 0) << "the stack's own save pause (gradcert.json save_seconds)";
   const CheckResult* cp = check(r, "resume.checkpoint");
   ASSERT_NE(cp, nullptr);
   EXPECT_EQ(cp->verdict, Verdict::Pass) << cp->detail;
@@ -251,6 +252,13 @@ TEST(ConformanceExternalResume, DdpCheckpointResumesInFsdp2) {
   RunRequest req = resumed("torch_ddp.py", "resume_ddp_to_fsdp2", 1);
   req.spec.resume.command = torchrun("torch_fsdp2.py");
   expect_resumed_certified(req);
+  // The folder re-checks as it ran (gradcert check: the exported checkpoint and both legs).
+  const RunReport again = check_run({req.run_dir, "", fresh_dir("resume_ddp_to_fsdp2_check")}).report;
+  EXPECT_TRUE(again.error.empty()) << again.error;
+  EXPECT_TRUE(again.passed()) << failures(again);
+  const CheckResult* cp = check(again, "resume.checkpoint");
+  ASSERT_NE(cp, nullptr);
+  EXPECT_EQ(cp->verdict, Verdict::Pass) << cp->detail;
 }
 
 namespace {

@@ -136,6 +136,8 @@ def export(src: str, out: str, world: int, nonce: str | None) -> dict:
     record = {"schema": "gradcert.checkpoint/1", "backend": manifest.get("backend", "?"), "world": int(manifest["world"]),
               "updates_done": int(manifest["updates_done"]), "optimizer_step": step,
               "sampler": manifest["sampler"], "nonce": manifest.get("nonce")}
+    if isinstance(manifest.get("save_seconds"), (int, float)) and not isinstance(manifest["save_seconds"], bool):
+        record["save_seconds"] = float(manifest["save_seconds"])  # the stack's own pause (throughput "save ms")
     write_json(os.path.join(out, "checkpoint.json"), record)
     return record
 

@@ -465,6 +465,68 @@ class AdapterTest(unittest.TestCase):
 
 
 @needs_torchrun
+class CheckpointTest(unittest.TestCase):
+    """gradcert_ref.checkpoint / dcp_export without a process group (NOTE [stack checkpoints]);
+    the torchrun legs are gradcert's ConformanceExternalResume tests."""
+
+    def test_dcp_keys_map_to_gradcert_names(self):
+        from gradcert_ref import dcp_export
+
+        self.assertEqual(dcp_export.canonical("model.blocks.0.fc.weight"), ("param", "blocks.0.fc.weight"))
+        self.assertEqual(dcp_export.canonical("optim.state.wte.weight.exp_avg_sq"), ("slot", "wte.weight", "v"))
+        self.assertEqual(dcp_export.canonical("optim.state.wte.weight.momentum_buffer"), ("slot", "wte.weight", "m"))
+        self.assertEqual(dcp_export.canonical("optim.state.ln_f.bias.step"), ("step", "ln_f.bias"))
+        self.assertIsNone(dcp_export.canonical("optim.param_groups.0.lr"))
+
+    def test_resume_environment_is_checked(self):
+        from gradcert_ref import checkpoint
+
+        self.assertFalse(checkpoint.Resume({}).active)
+        with self.assertRaisesRegex(client.ProtocolError, "GRADCERT_SAVE_AT='two': expected an update count"):
+            checkpoint.Resume({"GRADCERT_SAVE_AT": "two", "GRADCERT_SAVE_DIR": "/x"})
+        with self.assertRaisesRegex(client.ProtocolError, "GRADCERT_SAVE_DIR is not"):
+            checkpoint.Resume({"GRADCERT_SAVE_AT": "2"})
+
+    def _saved(self, steps):
+        import torch.distributed.checkpoint as dcp
+        from gradcert_ref import checkpoint
+
+        d = tempfile.mkdtemp(prefix="gradcert_dcp_", dir=_TMP)
+        state = {"model": {"w": torch.arange(6.0, dtype=torch.float64).reshape(2, 3)},
+                 "optim": {"state": {"w": {"exp_avg": torch.ones(2, 3, dtype=torch.float64),
+                                           "step": torch.tensor(float(steps[0]))}}}}
+        if len(steps) > 1:
+            state["model"]["b"] = torch.zeros(3, dtype=torch.float64)
+            state["optim"]["state"]["b"] = {"step": torch.tensor(float(steps[1]))}
+        dcp.save(state, checkpoint_id=d, no_dist=True)
+        client.write_json(os.path.join(d, checkpoint.MANIFEST), {
+            "schema": checkpoint.SCHEMA, "format": checkpoint.FORMAT, "backend": "t", "world": 2, "updates_done": 2,
+            "optimizer_step": 2, "sampler": {"epoch": 0, "index_in_epoch": 2}, "save_seconds": 0.5, "nonce": "n"})
+        return d
+
+    def test_export_names_a_rank_without_files_and_reads_what_is_there(self):
+        from gradcert_ref import dcp_export
+
+        d = self._saved([2])
+        out = os.path.join(d, "export")
+        rec = dcp_export.export(d, out, 2, "n")
+        self.assertEqual((rec["optimizer_step"], rec["save_seconds"]), (2, 0.5))
+        self.assertTrue(os.path.exists(os.path.join(out, "rank0.safetensors")))
+        self.assertFalse(os.path.exists(os.path.join(out, "rank1.safetensors")))  # rank 1 wrote no __1_*.distcp
+        t = load_file(os.path.join(out, "rank0.safetensors"))
+        self.assertTrue(torch.equal(t["param.w"], torch.arange(6.0, dtype=torch.float64).reshape(2, 3)))
+        self.assertTrue(torch.equal(t["optim.w.m"], torch.ones(2, 3, dtype=torch.float64)))
+        with self.assertRaisesRegex(client.ProtocolError, "nonce 'n' is not this run's"):
+            dcp_export.export(d, out, 2, "other")
+
+    def test_export_refuses_step_counters_that_differ(self):
+        from gradcert_ref import dcp_export
+
+        d = self._saved([2, 0])
+        with self.assertRaisesRegex(client.ProtocolError, "the saved step counters differ: 'b' has 0.0, 'w' has 2.0"):
+            dcp_export.export(d, os.path.join(d, "export"), 2, "n")
+
+
 class MutantTest(unittest.TestCase):
     """(c) Each mutant changes the gradient, first at the update it should (0, or the
     partial window), and there equals its candidate objective built from the reference's

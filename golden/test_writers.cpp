@@ -446,3 +446,36 @@ TEST(Writers, auditJunitHasATestcasePerDifference) {
   EXPECT_NE(x.find("name=\"loss\"/>"), std::string::npos) << x;
   EXPECT_EQ(count(x, "<failure "), 2) << x;
 }
+
+// Every correct run's report says what its grad.scale tolerance cannot see (NOTE [sensitivity])
+// (issue: a bf16 run certified a 10% scale bug without saying its limit); mutant and failed runs
+// do not.
+TEST(Writers, EveryCorrectRunStatesTheSmallestScaleErrorItDetects) {
+  RunReport run;
+  run.backend = "ddp";
+  run.topology.dp = 2;
+  run.dtype = "bfloat16";
+  run.optimizer = "sgd";
+  CheckResult scale;
+  scale.id = "grad.scale";
+  scale.verdict = Verdict::Pass;
+  scale.figure = 1.86e-3;
+  scale.tolerance = 0.04;
+  scale.noise_floor = 1.86e-3;
+  scale.floor_factor = 10;
+  CheckResult parity;
+  parity.id = "grad.parity";
+  parity.verdict = Verdict::Pass;
+  parity.tolerance = 0.15;
+  run.checks = {parity, scale};
+  Report r;
+  r.runs = {run};
+  const std::string said = "a uniform gradient scale error above 4% fails grad.scale (tolerance 4.00e-02 = "
+                           "max(calibrated, 10 x this run's noise floor 1.86e-03)); a smaller one passes unseen, as "
+                           "does a non-uniform gradient error below grad.parity's rel L2 tolerance 1.50e-01";
+  EXPECT_NE(report_table(r).find(said), std::string::npos) << report_table(r);
+  EXPECT_NE(report_markdown(r).find(said), std::string::npos);
+  EXPECT_NE(report_json(r).find("\"uniform_scale_error_detected_above\": 0.04"), std::string::npos) << report_json(r);
+  r.runs[0].inject = "grad-scale-1.05";
+  EXPECT_EQ(report_table(r).find("sensitivity"), std::string::npos) << "a mutant run's tolerance is not a claim";
+}

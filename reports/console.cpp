@@ -111,6 +111,8 @@ std::string report_table(const Report& r) {
   }
   for (const auto& run : r.runs)
     if (run.diagnosis.ran) o << "# diagnosis (" << run_label(run) << "): " << run.diagnosis.note << "\n";
+  for (const auto& run : r.runs)  // NOTE [sensitivity]
+    if (const auto s = sensitivity_text(run); !s.empty()) o << "# " << s << "\n";
   if (any_mutant(r)) {
     o << "#\n# planted bugs (--inject): each must fail at least one check\n";
     std::snprintf(line, sizeof line, "#%-22s %-9s %3s %-9s %s\n", "mutant", "backend", "dp", "detected", "by");

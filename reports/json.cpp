@@ -178,6 +178,12 @@ std::string report_json(const Report& r) {
       j["resume"] = {{"at", run.resume_at}, {"backend", run.resume_backend}, {"world", run.resume_world}};
     if (!run.error.empty()) j["error"] = run.error;
     if (run.interrupted) j["interrupted"] = true;
+    if (const auto s = sensitivity_text(run); !s.empty()) {  // NOTE [sensitivity]
+      j["sensitivity"] = {{"uniform_scale_error_detected_above", json_number(find_check(run, "grad.scale")->tolerance)},
+                          {"text", s}};
+      if (const CheckResult* p = find_check(run, "grad.parity"))
+        j["sensitivity"]["grad_parity_tolerance"] = json_number(p->tolerance);
+    }
     if (!run.tensor_errors.empty()) {
       json t = json::array();
       for (const auto& f : run.tensor_errors)

@@ -71,6 +71,23 @@ const PhasePeak* worst_of(const std::vector<PhasePeak>& peaks) {
   return w;
 }
 
+std::string sensitivity_text(const RunReport& r) {
+  if (!r.error.empty() || !r.inject.empty()) return "";
+  const CheckResult* scale = find_check(r, "grad.scale");
+  if (!scale || scale->verdict == Verdict::Skip || !(scale->tolerance > 0)) return "";
+  std::string s = "sensitivity (" + run_label(r) + "): a uniform gradient scale error above " +
+                  figure_text(100 * scale->tolerance) + "% fails grad.scale (tolerance " +
+                  figure_text(scale->tolerance);
+  if (scale->noise_floor >= 0)
+    s += " = max(calibrated, " + figure_text(scale->floor_factor) + " x this run's noise floor " +
+         figure_text(scale->noise_floor) + ")";
+  s += "); a smaller one passes unseen";
+  if (const CheckResult* parity = find_check(r, "grad.parity"); parity && parity->tolerance > 0)
+    s += ", as does a non-uniform gradient error below grad.parity's rel L2 tolerance " +
+         figure_text(parity->tolerance);
+  return s;
+}
+
 std::string run_verdict(const RunReport& r) { return !r.error.empty() ? "error" : r.passed() ? "pass" : "fail"; }
 
 const CheckResult* find_check(const RunReport& r, const std::string& id) {

@@ -30,6 +30,11 @@ std::string cell_bytes(int64_t b);
 std::string tolerance_text(const CheckResult& c);
 /// A check's verdict in a run's row; a mutant run's failed check reads "caught".
 std::string verdict_cell(const RunReport& r, const CheckResult& c);
+/// NOTE [sensitivity] What a correct run's tolerances cannot see, in words, from its own checks:
+/// the smallest uniform gradient scale error grad.scale fails (its tolerance this run, set from
+/// the run's measured noise floor), and grad.parity's rel L2 tolerance. "" for a run without a
+/// judged grad.scale (an error, a mutant run).
+std::string sensitivity_text(const RunReport& r);
 /// Whether the report holds a mutant run (inject set).
 bool any_mutant(const Report& r);
 /// The ids of the checks that caught a mutant, joined by `separator`.

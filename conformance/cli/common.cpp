@@ -1,3 +1,4 @@
+#include <filesystem>
 #include <iostream>
 #include <stdexcept>
 
@@ -26,6 +27,20 @@ LauncherKind launcher_from(const std::string& name) {
   if (name == "local") return LauncherKind::Local;
   if (name == "mpirun") return LauncherKind::Mpirun;
   throw std::invalid_argument("--launcher: unknown launcher '" + name + "' (expected local or mpirun)");
+}
+
+// NOTE [stale report] A run into an --out folder that holds an earlier report removes that
+// report first, before anything can fail: a failure that writes no report (bad input, exit 2)
+// must not leave a passing report.json / junit.xml there for CI to read.
+void clear_previous_report(const std::string& dir) {
+  namespace fs = std::filesystem;
+  for (const char* name : {"report.json", "report.md", "junit.xml", "report.html", "audit.json", "audit.md"}) {
+    std::error_code ec;
+    const fs::path p = fs::path(dir) / name;
+    if (!fs::is_regular_file(fs::symlink_status(p, ec))) continue;  // none (or not gradcert's file)
+    if (!fs::remove(p, ec) && ec)
+      throw std::invalid_argument("--out: cannot remove the earlier " + p.string() + ": " + ec.message());
+  }
 }
 
 std::string report_dir(const CommonOptions& o) { return o.out.empty() ? new_report_dir("reports/out") : o.out; }

@@ -24,6 +24,20 @@ int main(int argc, char** argv) {
   int estimate_exit = 0;
   auto* estimate_cmd = add_estimate_command(app, estimate_exit);
 
+  // Before anything can fail, a bad option included (NOTE [stale report]).
+  const std::string verb = argc > 1 ? argv[1] : "";
+  if (verb == "run" || verb == "certify" || verb == "check" || verb == "audit")
+    for (int i = 2; i < argc; ++i) {
+      const std::string a = argv[i];
+      std::string dir = a == "--out" && i + 1 < argc ? argv[i + 1] : a.rfind("--out=", 0) == 0 ? a.substr(6) : "";
+      if (dir.empty()) continue;
+      try {
+        clear_previous_report(dir);
+      } catch (const std::exception& e) {
+        std::cerr << "gradcert: " << e.what() << "\n";
+        return kBadInput;
+      }
+    }
   CLI11_PARSE(app, argc, argv);
   if (*estimate_cmd) return estimate_exit;
 

@@ -39,6 +39,8 @@ Spec spec_from(const std::string& path);
 Spec spec_with_overrides(const CommonOptions& o);
 /// "local" | "mpirun"; throws std::invalid_argument naming --launcher.
 LauncherKind launcher_from(const std::string& name);
+/// Removes an earlier report from --out (NOTE [stale report]).
+void clear_previous_report(const std::string& dir);
 /// --out, or a new reports/out/<timestamp> folder.
 std::string report_dir(const CommonOptions& o);
 /// Prints the console table, writes the report files into `dir`, and returns the exit code.

@@ -24,6 +24,7 @@
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
+#include <fstream>
 
 #include "backends/runtime/strategy.hpp"
 #include <nlohmann/json.hpp>
@@ -208,6 +209,45 @@ double stack_save_seconds(const std::string& cp_dir) {
   return v.get<double>();
 }
 
+// The memory this machine can still give (MemAvailable of /proc/meminfo; else physical memory).
+double available_memory_bytes() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  double kib = 0;
+  std::string unit;
+  while (meminfo >> key >> kib >> unit)
+    if (key == "MemAvailable:") return kib * 1024.0;
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) : 0;
+}
+
+// NOTE [oversized specs] A spec whose model cannot fit is refused before any rank starts, naming
+// the field that made it so (the one furthest above its default): the float64 reference alone
+// holds the model's weights and gradients (16 bytes a parameter), whatever the strategy, so that
+// is a lower bound of what the run needs on this machine. Counted in double: a d_model of 2^31
+// would overflow int64. What it does not bound: the ranks' own state and activations (a spec
+// that passes this can still need more than the machine has).
+void refuse_oversized(const Spec& spec) {
+  if (!spec.model.factory.empty()) return;  // the user's model: its size is known once built
+  const ModelSpec& m = spec.model;
+  const double d = m.d_model, f = m.d_ff, v = m.vocab, L = m.layers, T = m.max_len;
+  const double params = 2 * v * d + T * d + L * (4 * d * d + 2 * d * f + f + 6 * d) + 2 * d;
+  const double need = 16 * params, have = available_memory_bytes();
+  if (have <= 0 || need <= have) return;
+  const ModelSpec defaults;
+  std::pair<double, std::string> worst{0, "model.d_model"};
+  for (auto [value, normal, field] : {std::tuple{d, double(defaults.d_model), "model.d_model"},
+                                      {v, double(defaults.vocab), "model.vocab"},
+                                      {L, double(defaults.layers), "model.layers"},
+                                      {f, double(defaults.d_ff), "model.d_ff"},
+                                      {T, double(defaults.max_len), "model.max_len"}})
+    worst = std::max(worst, std::pair<double, std::string>{value / normal, field});
+  throw SpecError(worst.second, "the model has " + sci(params) +
+                                    " parameters; the float64 reference alone needs at least " +
+                                    human_bytes(need) + " (weights + gradients) and this machine has " +
+                                    human_bytes(have) + " available: refused before any rank starts");
+}
+
 // resume.at must leave the second leg updates to run.
 void validate_resume_at(const Spec& spec, const Plan& plan) {
   const int updates = static_cast<int>(plan.windows.size());
@@ -220,6 +260,7 @@ void validate_resume_at(const Spec& spec, const Plan& plan) {
 // Bad input the run (or the check of its folder) refuses before anything runs: throws
 // std::invalid_argument naming the option.
 void validate_request(const RunRequest& req, const Spec& spec, const Plan& plan) {
+  refuse_oversized(spec);
   if (req.backend == kExternalBackend) {
     if (req.command.empty()) throw std::invalid_argument("--backend external needs --command \"<launch command>\"");
     if (!req.inject.empty()) throw std::invalid_argument("--inject applies to built-in backends only");
@@ -301,7 +342,8 @@ CheckResult check_checkpoint(const Spec& spec, const Plan& plan, const std::stri
   }
   std::vector<std::string> problems;
   const CheckpointRecord& r = cp.record;
-  if (!saver.empty() && r.backend != saver) problems.push_back("checkpoint.json says backend '" + r.backend + "' saved it, not " + saver);
+  if (!saver.empty() && r.backend != saver)
+    problems.push_back("checkpoint.json says backend '" + r.backend + "' saved it, not " + saver);
   if (r.updates_done != K)
     problems.push_back("it says it holds the state after " + std::to_string(r.updates_done) +
                        " updates; the first leg ran " + std::to_string(K));

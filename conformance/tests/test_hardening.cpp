@@ -171,6 +171,43 @@ TEST(HardeningCli, CountsBelowOneAreRefusedNamingTheOption) {
   EXPECT_TRUE(fs::is_empty(out)) << "nothing ran";
 }
 
+// (1) A failure before the report is written left an earlier passing report.json / junit.xml in
+// --out (a bad spec, a bad option, a run folder that is not gradcert's): CI read a pass.
+TEST(HardeningCli, FailureBeforeTheReportLeavesNoEarlierReport) {
+  const std::string out = test::fresh_dir("gradcert_cli_stale_report", "out");
+  const std::string bad = out + "/../bad.json";
+  std::ofstream(bad) << R"({"batch": {"micro": 0}})";
+  for (const std::string& args : {"run --backend single --spec " + bad + " --out " + out,
+                                  "run --backend single --world abc --out " + out,
+                                  "certify --spec " + bad + " --out=" + out, "check /nonexistent --out " + out}) {
+    for (const char* name : {"report.json", "junit.xml", "report.md", "report.html"})
+      std::ofstream(out + "/" + name) << R"({"verdict": "pass"})";
+    const Cli c = run_cli(args);
+    EXPECT_NE(c.code, 0) << args << "\n" << c.out;
+    for (const char* name : {"report.json", "junit.xml", "report.md", "report.html"})
+      EXPECT_FALSE(fs::exists(out + "/" + name)) << args << ": the earlier " << name << " is still there";
+  }
+}
+
+// (9) An oversized model started its ranks, which died on an allocation (d_model 1e6, vocab 2e9)
+// or grew to the machine's memory (layers 1e8): refused up front, naming the field.
+TEST(HardeningCli, OversizedModelIsRefusedNamingTheField) {
+  const std::string dir = test::fresh_dir("gradcert_cli_oversized", "specs");
+  for (const auto& [field, value] : std::vector<std::pair<std::string, std::string>>{
+           {"d_model", "1000000"}, {"vocab", "2000000000"}, {"layers", "100000000"}}) {
+    const std::string spec = dir + "/" + field + ".json";
+    std::ofstream(spec) << R"({"model": {")" << field << R"(": )" << value
+                        << (field == "d_model" ? R"(, "heads": 2)" : "") << "}}";
+    const auto t0 = std::chrono::steady_clock::now();
+    const Cli c = run_cli("run --backend ddp --spec " + spec + " --out " + dir + "/out-" + field);
+    EXPECT_EQ(c.code, 2) << c.out;
+    EXPECT_NE(c.out.find("spec field 'model." + field + "'"), std::string::npos) << c.out;
+    EXPECT_NE(c.out.find("refused before any rank starts"), std::string::npos) << c.out;
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 20.0) << field;
+    EXPECT_FALSE(fs::exists(dir + "/out-" + field + "/runs")) << "no rank started";
+  }
+}
+
 // (7) Deep JSON in a spec crashed gradcert with SIGSEGV (the error path dumped it).
 TEST(HardeningCli, DeepSpecIsAnErrorNotACrash) {
   const std::string dir = test::fresh_dir("gradcert_cli_deep", "spec");

@@ -245,11 +245,24 @@ TEST(ConformanceResume, BadResumeRequestsAreRefusedNamingTheField) {
   RunRequest plain = resumed("ddp", 2, 0, "bad_inject");
   plain.inject = "resume-step-reset";
   EXPECT_NE(refused(plain).find("needs --resume-at"), std::string::npos) << refused(plain);
+  // An external stack's second leg is a command, a built-in one's a strategy (NOTE [stack checkpoints]).
   RunRequest external = resumed("external", 2, 1, "bad_external");
   external.command = "true";
-  EXPECT_NE(refused(external).find("built-in backends only"), std::string::npos) << refused(external);
+  external.spec.resume.backend = "fsdp";
+  EXPECT_NE(refused(external).find("an external stack's second leg is resume.command"), std::string::npos)
+      << refused(external);
+  RunRequest command = resumed("ddp", 2, 1, "bad_command");
+  command.spec.resume.command = "true";
+  EXPECT_NE(refused(command).find("resume.command (--resume-command) applies to --backend external"),
+            std::string::npos)
+      << refused(command);
+  RunRequest audit = resumed("external", 2, 1, "bad_audit");
+  audit.command = "true";
+  audit.sampler_audit = true;
+  EXPECT_NE(refused(audit).find("--sampler-audit with resume.at"), std::string::npos) << refused(audit);
   for (const auto& [text, field] : {std::pair<std::string, std::string>{R"({"resume": {"at": -1}})", "resume.at"},
                                     {R"({"resume": {"backend": "fsdp"}})", "resume.backend"},
+                                    {R"({"resume": {"command": "x"}})", "resume.command"},
                                     {R"({"resume": {"at": 1.5}})", "resume.at"},
                                     {R"({"resume": {"when": 1}})", "resume.when"}}) {
     try {

@@ -261,6 +261,10 @@ void validate_resume_at(const Spec& spec, const Plan& plan) {
 // std::invalid_argument naming the option.
 void validate_request(const RunRequest& req, const Spec& spec, const Plan& plan) {
   refuse_oversized(spec);
+  if (spec.resume.at > 0) {
+    validate_resume_at(spec, plan);
+    (void)resumed_plan(spec);  // SpecError naming resume.* when no batch split keeps B_update
+  }
   if (req.backend == kExternalBackend) {
     if (req.command.empty()) throw std::invalid_argument("--backend external needs --command \"<launch command>\"");
     if (!req.inject.empty()) throw std::invalid_argument("--inject applies to built-in backends only");
@@ -270,10 +274,6 @@ void validate_request(const RunRequest& req, const Spec& spec, const Plan& plan)
     if (spec.resume.at > 0 && req.sampler_audit)
       throw std::invalid_argument("--sampler-audit with resume.at (--resume-at): a stack's own sampler position is "
                                   "not part of the checkpoint protocol yet");
-    if (spec.resume.at > 0) {
-      validate_resume_at(spec, plan);
-      (void)resumed_plan(spec);  // SpecError naming resume.* when no batch split keeps B_update
-    }
     return;
   }
   if (!spec.resume.command.empty())
@@ -293,9 +293,7 @@ void validate_request(const RunRequest& req, const Spec& spec, const Plan& plan)
   if (needs_resume(mutant) && spec.resume.at == 0)
     throw std::invalid_argument("--inject " + req.inject + " plants its bug in a checkpoint: it needs --resume-at K");
   if (spec.resume.at == 0) return;
-  validate_resume_at(spec, plan);
   const std::string second = spec.resume.backend.empty() ? req.backend : spec.resume.backend;
-  (void)resumed_plan(spec);  // SpecError naming resume.* when no batch split keeps B_update
   const Plan leg2 = make_plan(second_leg_spec(spec));
   auto resumed = make_backend(second);
   resumed->validate(leg2, leg2.world(), mutant);

@@ -139,6 +139,9 @@ def load(plan, model, optimizer, resume_from: str, mutant: str | None = None) ->
 
     _torch_optimizer(optimizer)
     m = read_manifest(resume_from, run_nonce())
+    first = int(m["updates_done"])
+    if not 1 <= first < len(plan):
+        raise ProtocolError(f"{resume_from}/{MANIFEST}: updates_done {first} is outside the plan's 1..{len(plan) - 1}")
     model_sd, optim_sd = _state(model, optimizer)  # initialises the optimizer's state (zero step, lr 0)
     state = {"model": model_sd, "optim": optim_sd}
     dcp.load(state, checkpoint_id=resume_from)
@@ -147,9 +150,6 @@ def load(plan, model, optimizer, resume_from: str, mutant: str | None = None) ->
         for st in optimizer.state.values():
             if "step" in st and isinstance(st["step"], torch.Tensor):
                 st["step"].zero_()
-    first = int(m["updates_done"])
-    if not 1 <= first < len(plan):
-        raise ProtocolError(f"{resume_from}/{MANIFEST}: updates_done {first} is outside the plan's 1..{len(plan) - 1}")
     return first
 
 

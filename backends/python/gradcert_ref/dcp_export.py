@@ -127,12 +127,12 @@ def export(src: str, out: str, world: int, nonce: str | None) -> dict:
         _atomic_write(os.path.join(out, f"rank{r}.safetensors"), lambda tmp: save_file(tensors, tmp, metadata=md_out))
     step = int(manifest["optimizer_step"])
     if steps:
-        values = sorted({v for v in steps.values()}, key=lambda v: (v is None, v))
-        if len(values) != 1 or values[0] is None or values[0] != int(values[0]):
-            a = min(steps, key=lambda p: (steps[p] is None, steps[p]))
-            b = max(steps, key=lambda p: (steps[p] is not None, steps[p]))
+        values = set(steps.values())
+        if len(values) != 1 or None in values or not float(next(iter(values))).is_integer():
+            order = sorted(steps, key=lambda p: (steps[p] is None, steps[p] or 0.0))  # None (not a scalar) last
+            a, b = order[0], order[-1]
             raise ProtocolError(f"{src}: the saved step counters differ: {a!r} has {steps[a]}, {b!r} has {steps[b]}")
-        step = int(values[0])
+        step = int(next(iter(values)))
     record = {"schema": "gradcert.checkpoint/1", "backend": manifest.get("backend", "?"), "world": int(manifest["world"]),
               "updates_done": int(manifest["updates_done"]), "optimizer_step": step,
               "sampler": manifest["sampler"], "nonce": manifest.get("nonce")}

@@ -8,10 +8,13 @@
 
 #include "conformance/cli/estimate.hpp"
 #include "conformance/cli/verbs.hpp"
+#include "conformance/launch/zygote.hpp"
 
 using namespace gradcert;
 
-int main(int argc, char** argv) {
+namespace {
+
+int dispatch(int argc, char** argv) {
   CLI::App app{"gradcert: does this training stack, under this parallel strategy, train the same model on the "
                "same data as one process would?"};
   app.require_subcommand(1);
@@ -55,4 +58,14 @@ int main(int argc, char** argv) {
     return kBadInput;
   }
   return kBadInput;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // The verbs that launch built-in ranks fork their zygote first, while this process has one
+  // thread (NOTE [zygote]); every verb ends without static destructors.
+  const std::string verb = argc > 1 ? argv[1] : "";
+  if (verb == "run" || verb == "certify" || verb == "audit") start_zygote(dispatch);
+  exit_now(dispatch(argc, argv));
 }

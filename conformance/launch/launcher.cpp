@@ -1,6 +1,8 @@
 // Local (fork/exec) and mpirun launchers for rank processes.
 #include "conformance/launch/launcher.hpp"
 
+#include "conformance/launch/zygote.hpp"
+
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <dirent.h>
@@ -460,7 +462,8 @@ std::vector<pid_t> descendants() {
   while (!todo.empty()) {
     const pid_t p = todo.back();
     todo.pop_back();
-    for (pid_t c : children[p]) out.push_back(c), todo.push_back(c);
+    for (pid_t c : children[p])
+      if (c != zygote_pid()) out.push_back(c), todo.push_back(c);  // NOTE [zygote]: gradcert's own, not the launch's
   }
   return out;
 }
@@ -595,7 +598,10 @@ LaunchResult launch_local(const LaunchRequest& req) {
   const auto start = g.start;
   const pid_t self = ::getpid();
   for (int r = 0; r < world; ++r) {
-    pid_t pid = spawn(argv_c.data(), envs_c[r].data(), fds[r], r == 0 ? 0 : g.pgid, self);
+    // A built-in rank comes from the zygote when one runs (NOTE [zygote]), else fork/exec.
+    pid_t pid = zygote_spawn(argv_c.data(), envs_c[r].data(), fds[r], r == 0 ? 0 : g.pgid);
+    if (pid > 0) ::setpgid(pid, r == 0 ? pid : g.pgid);  // also done in the child, as in spawn
+    else pid = spawn(argv_c.data(), envs_c[r].data(), fds[r], r == 0 ? 0 : g.pgid, self);
     if (pid < 0) {
       int err = errno;
       close_fds();

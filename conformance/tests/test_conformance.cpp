@@ -312,6 +312,47 @@ TEST(ConformanceCli, ExitCodesAndReports) {
   EXPECT_NE(help.out.find("--inject"), std::string::npos);
 }
 
+namespace {
+
+std::string slurp_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+}  // namespace
+
+// `gradcert run` forks its ranks from the zygote (NOTE [zygote]); they pass, and a rank killed,
+// stopped or leaving early is named as an exec'd one is. GRADCERT_NO_ZYGOTE=1 execs them.
+TEST(ConformanceZygote, CliRanksComeFromTheZygoteAndFailuresNameTheRank) {
+  const std::string dir = fresh_dir("zygote");
+  const std::string said = "this rank was forked from the zygote";
+  for (const bool zygote : {true, false}) {
+    if (!zygote) ::setenv("GRADCERT_NO_ZYGOTE", "1", 1);
+    const std::string out = dir + (zygote ? "/zygote" : "/exec");
+    const auto ok = run_cli("run --backend ddp --world 2 --out " + out);
+    ::unsetenv("GRADCERT_NO_ZYGOTE");
+    EXPECT_EQ(ok.code, 0) << ok.out;
+    for (int r = 0; r < 2; ++r) {
+      const std::string log = slurp_file(out + "/runs/ddp-w2-float64-sgd/rank" + std::to_string(r) + ".log");
+      EXPECT_EQ(log.find(said) != std::string::npos, zygote) << "rank " << r << " (zygote " << zygote << "): " << log;
+    }
+  }
+  const auto spec = write_spec(dir, R"({"timeout": {"collective_s": 3, "run_s": 60}})");
+  for (const auto& [fault, blame] : std::vector<std::pair<std::string, std::string>>{
+           {"kill:1:0", "rank 1 was killed by signal 9 (SIGKILL) after "},
+           {"stop:1:1", "rank 1 was stopped (SIGSTOP) after "},
+           {"leave:1:0", "rank 1 exited 0 after "}}) {
+    ::setenv("GRADCERT_FAULT", fault.c_str(), 1);
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto failed = run_cli("run --backend ddp --world 2 --spec " + spec + " --out " + dir + "/fault");
+    ::unsetenv("GRADCERT_FAULT");
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 30.0) << fault;
+    EXPECT_EQ(failed.code, 2) << fault << "\n" << failed.out;
+    EXPECT_NE(failed.out.find(blame), std::string::npos) << fault << "\n" << failed.out;
+    EXPECT_NE(failed.out.find(said), std::string::npos) << fault << ": the ranks were exec'd\n" << failed.out;
+  }
+}
+
 TEST(ConformanceMpirun, DdpUnderMpirunPassesEveryCheck) {
   if (std::system("command -v mpirun >/dev/null 2>&1") != 0) GTEST_SKIP() << "mpirun (OpenMPI) is not installed";
   RunRequest req = request("ddp", 2, 3, DType::Float64, "mpirun");

@@ -31,7 +31,14 @@ struct References {
 /// one model's state, not every update's; the files must outlive the returned tensors. Each
 /// route runs its passes alone. Throws ArtifactError naming the update and tensor when the
 /// stack's parameters cannot be loaded, or the file when the folder cannot be written.
+/// `free_running`, when given, is that half already computed for this spec and plan
+/// (free_running_reference's; NOTE [reference cache] in harness.cpp): copied, not recomputed.
 References run_references(const Spec& spec, const Plan& plan, const std::vector<BackendUpdate>& run,
-                          const std::string& spill_dir = "");
+                          const std::string& spill_dir = "",
+                          const std::vector<ReferenceUpdate>* free_running = nullptr);
+
+/// The free-running half of run_references (its gradients kept), held in memory: a function of
+/// the spec and the plan alone.
+std::vector<ReferenceUpdate> free_running_reference(const Spec& spec, const Plan& plan);
 
 }  // namespace gradcert

@@ -391,6 +391,29 @@ void keep_leg(const std::string& dir, int world, const std::string& leg) {
   }
 }
 
+// NOTE [reference cache] The free-running reference and its floor are a function of the spec and
+// the plan alone, so one gradcert process computes them once per (spec, plan): certify's runs of
+// one spec and data-parallel degree (the mutants beside their correct run, most strategies)
+// share them, and each run still gets its own teacher-forced reference, from its own artifacts
+// (the checks that judge a run's gradients and steps read that one). Only small models are kept,
+// held in memory (kCachedModelBytes a run, kCacheBytes in all); a bigger one is recomputed per run
+// and streamed through the run's folder (NOTE [streamed tensors]). Runs are checked one at a time.
+constexpr double kCachedModelBytes = 32.0 * (1 << 20), kCacheBytes = 256.0 * (1 << 20);
+
+const std::vector<ReferenceUpdate>* cached_free_running(const Spec& spec, const Plan& plan, const TensorMap& shapes) {
+  static std::map<std::string, std::vector<ReferenceUpdate>> cache;
+  static double held = 0;
+  double numel = 0;
+  for (const auto& kv : shapes) numel += static_cast<double>(kv.second.numel());
+  const double bytes = 16 * numel * static_cast<double>(plan.windows.size());  // float64 grads + params
+  if (bytes > kCachedModelBytes) return nullptr;
+  const std::string key = spec_to_json(spec) + plan_to_json(plan, spec);
+  if (auto it = cache.find(key); it != cache.end()) return &it->second;
+  if (held + bytes > kCacheBytes) cache.clear(), held = 0;
+  held += bytes;
+  return &cache.emplace(key, free_running_reference(spec, plan)).first->second;
+}
+
 // NOTE [checking a run folder] What follows the launch, and all `gradcert check` does: read
 // the artifacts in req.run_dir strictly (they must echo `nonce`), recompute the reference
 // (the C++ one, or the Python runner for a model factory or clipping, writing its artifacts
@@ -457,8 +480,9 @@ void check_artifacts(RunReport& report, const RunRequest& req, const Spec& spec,
                                  ref.precision_note + ")";
     } else {
       remove_spill.armed = true;
-      References refs = run_references(spec, req.sampler_audit ? plan_from_consumed(spec, plan, artifacts) : plan_in,
-                                       artifacts, spill_dir);
+      const Plan ref_plan = req.sampler_audit ? plan_from_consumed(spec, plan, artifacts) : plan_in;
+      References refs =
+          run_references(spec, ref_plan, artifacts, spill_dir, cached_free_running(spec, ref_plan, shapes));
       reference = std::move(refs.free_running);
       forced = std::move(refs.forced);
       report.diagnosis.note = "no diagnosis: the C++ reference computes no per-piece gradients (run with --model)";

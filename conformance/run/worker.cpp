@@ -19,6 +19,7 @@
 
 #include "backends/runtime/strategy.hpp"
 #include "conformance/launch/launcher.hpp"
+#include "conformance/launch/zygote.hpp"
 #include "backends/runtime/alloc_tracker.hpp"
 #include "conformance/core/dataset.hpp"
 
@@ -214,7 +215,7 @@ int worker_main(const WorkerArgs& args) {
     // A first leg measures nothing: the second measures the run's memory (NOTE [resume]).
     if (args.save_at > 0) {
       if (ctx.pg) ctx.pg->barrier()->wait();
-      return 0;
+      exit_now(0);  // below
     }
     if (ctx.mutant == Mutant::None) measure_buckets(ctx, args.backend, args.run_dir, memory);
     memory.process_high_water_bytes = process_high_water_bytes();
@@ -223,7 +224,9 @@ int worker_main(const WorkerArgs& args) {
       // Every rank's files are written before any rank leaves.
       ctx.pg->barrier()->wait();
     }
-    return 0;
+    // Done: every file is written and every rank has passed the barrier, so the process ends
+    // here, without tearing down its process group and backends (20 ms of a 0.3 s run).
+    exit_now(0);
   } catch (const std::exception& e) {
     std::cerr << "gradcert rank " << rank << ": error: " << e.what() << std::endl;
     return 2;

@@ -18,8 +18,9 @@ struct WorkerArgs {
   std::string spec_file, plan_file;
 };
 
-/// Runs every update of the plan on this rank and writes its artifacts. Returns the exit
-/// code: 0 done, 2 failed (the message, prefixed "gradcert rank R:", went to stderr).
+/// Runs every update of the plan on this rank and writes its artifacts, then ends the process
+/// with exit code 0 (exit_now: nothing is torn down). Returns 2 when it failed (the message,
+/// prefixed "gradcert rank R:", went to stderr).
 ///
 /// Test hook: GRADCERT_FAULT="kill:R:U" | "hang:R:U" | "exit:R:U" makes rank R kill
 /// itself (SIGKILL), hang, or exit 3 at the start of update U; "truncate:R:U" makes rank

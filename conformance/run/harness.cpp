@@ -407,7 +407,19 @@ const std::vector<ReferenceUpdate>* cached_free_running(const Spec& spec, const 
   for (const auto& kv : shapes) numel += static_cast<double>(kv.second.numel());
   const double bytes = 16 * numel * static_cast<double>(plan.windows.size());  // float64 grads + params
   if (bytes > kCachedModelBytes) return nullptr;
-  const std::string key = spec_to_json(spec) + plan_to_json(plan, spec);
+  // The spec and every window's microbatches (a resumed run's plan mixes two worlds' splits).
+  std::string key = spec_to_json(spec);
+  for (const Window& w : plan.windows) {
+    key += "\nu" + std::to_string(w.update) + ":";
+    for (int64_t id : w.ids) key += std::to_string(id) + ",";
+    for (const auto& row : w.slots) {
+      key += " |";
+      for (const Microbatch& mb : row) {
+        key += " [";
+        for (int64_t id : mb.ids) key += std::to_string(id) + ",";
+      }
+    }
+  }
   if (auto it = cache.find(key); it != cache.end()) return &it->second;
   if (held + bytes > kCacheBytes) cache.clear(), held = 0;
   held += bytes;

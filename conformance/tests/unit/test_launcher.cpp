@@ -1,10 +1,16 @@
 // Tests for the local and mpirun launchers, using /bin/sh scripts as ranks.
 #include "conformance/launch/launcher.hpp"
+#include "conformance/launch/zygote.hpp"
 #include "conformance/tests/temp_dirs.hpp"
 
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -369,6 +375,68 @@ TEST(Launcher, MpirunNamesKilledRankFromMpirunsOwnReport) {
   EXPECT_EQ(res.first_failed_rank, 1) << res.message;
   EXPECT_EQ(res.message.rfind("rank 1 failed under mpirun", 0), 0u) << res.message;
   EXPECT_TRUE(contains(res.message, "noticed that process rank 1 with PID")) << res.message;
+}
+
+// What a rank forked from the test's zygote runs: says who it is; in a "fail" launch rank 1 exits 3
+// while rank 0 waits.
+int zygote_test_entry(int argc, char** argv) {
+  const char* rank = std::getenv("GRADCERT_RANK");
+  std::printf("entry rank=%s arg=%s\n", rank ? rank : "?", argc > 2 ? argv[2] : "?");
+  const bool fail = argc > 2 && std::string(argv[2]) == "fail";
+  if (fail && rank && std::string(rank) == "0") ::sleep(10);  // still running when rank 1 fails
+  return fail && rank && std::string(rank) == "1" ? 3 : 0;
+}
+
+// Ranks forked from the zygote (NOTE [zygote]) are this process's children (launch reaps them, names a
+// failing rank, caps their logs) with their own environment and stdout; once it is gone,
+// zygote_spawn says so (-1) and the launcher would fork/exec. Run in a forked helper, which has
+// one thread (start_zygote refuses a process with more) and becomes a child subreaper.
+TEST(Launcher, ZygoteForksRanksAsChildrenAndIsGivenUpOnceItDies) {
+  const std::string dir = fresh_dir("zygote");
+  const std::string report = fs::path(dir).parent_path().parent_path().string() + "/zygote_report.txt";
+  const pid_t helper = ::fork();
+  ASSERT_GE(helper, 0);
+  if (helper == 0) {
+    ::alarm(60);
+    auto fail = [&](int code, const std::string& why) {
+      std::ofstream(report) << why << std::endl;
+      ::_exit(code);
+    };
+    if (!start_zygote(zygote_test_entry)) fail(10, "start_zygote refused a one-thread process");
+    ::prctl(PR_SET_CHILD_SUBREAPER, 1);
+    const std::string exe = fs::read_symlink("/proc/self/exe").string();
+    LaunchRequest req;
+    req.world = 2;
+    req.argv = {exe, "worker", "hello"};
+    req.log_dir = dir;
+    req.timeout = std::chrono::seconds(20);
+    const LaunchResult ok = launch(req);
+    if (!ok.ok) fail(11, "launch failed: " + ok.message);
+    for (int r = 0; r < 2; ++r) {
+      const std::string log = slurp(dir + "/rank" + std::to_string(r) + ".log");
+      if (log.find("forked from the zygote") == std::string::npos ||
+          log.find("entry rank=" + std::to_string(r) + " arg=hello") == std::string::npos)
+        fail(12, "rank " + std::to_string(r) + " log: " + log);
+    }
+    req.argv = {exe, "worker", "fail"};
+    const LaunchResult failed = launch(req);
+    if (failed.ok || failed.first_failed_rank != 1 || failed.message.find("rank 1 exited with code 3") != 0)
+      fail(13, "a rank exiting 3: " + failed.message);
+    const pid_t z = zygote_pid();
+    ::kill(z, SIGKILL);
+    ::waitpid(z, nullptr, 0);
+    std::vector<std::string> args = {exe, "worker", "hello"};
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    char* env[] = {nullptr};
+    if (zygote_spawn(argv.data(), env, 1, 0) != -1) fail(14, "zygote_spawn did not give up on a dead zygote");
+    ::_exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(helper, &status, 0), helper);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << "helper status " << status << ": " << slurp(report);
 }
 
 }  // namespace

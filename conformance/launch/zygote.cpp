@@ -67,40 +67,42 @@ int threads_of_this_process() {
   return n;
 }
 
-bool read_exact(int fd, void* p, size_t n) {
-  auto* c = static_cast<char*>(p);
+// All n bytes through read(2) or write(2), retrying EINTR; false at an error or end of file.
+template <typename Byte, typename Io>
+bool all_bytes(Io io, int fd, Byte* c, size_t n) {
   while (n > 0) {
-    const ssize_t r = ::read(fd, c, n);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) return false;
-    c += r;
-    n -= static_cast<size_t>(r);
+    const ssize_t k = io(fd, c, n);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) return false;
+    c += k;
+    n -= static_cast<size_t>(k);
   }
   return true;
 }
 
-bool write_exact(int fd, const void* p, size_t n) {
-  const auto* c = static_cast<const char*>(p);
-  while (n > 0) {
-    const ssize_t w = ::write(fd, c, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return false;
-    c += w;
-    n -= static_cast<size_t>(w);
-  }
-  return true;
-}
+bool read_exact(int fd, void* p, size_t n) { return all_bytes(::read, fd, static_cast<char*>(p), n); }
+bool write_exact(int fd, const void* p, size_t n) { return all_bytes(::write, fd, static_cast<const char*>(p), n); }
 
-// The header and the log fd of one request (the fd rides on the header's bytes).
+// A request's header as one message, with room for the log fd, which rides on its bytes.
+struct HeaderMessage {
+  char control[CMSG_SPACE(sizeof(int))] = {};
+  iovec iov;
+  msghdr msg{};
+  explicit HeaderMessage(Header& h) : iov{&h, sizeof h} {
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+  }
+  HeaderMessage(const HeaderMessage&) = delete;  // msg points into this object
+  HeaderMessage& operator=(const HeaderMessage&) = delete;
+};
+
+// The header and the log fd of one request.
 bool receive_header(int sock, Header& h, int& fd) {
   fd = -1;
-  char control[CMSG_SPACE(sizeof(int))];
-  iovec iov{&h, sizeof h};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof control;
+  HeaderMessage m(h);
+  msghdr& msg = m.msg;
   ssize_t r;
   do {
     r = ::recvmsg(sock, &msg, MSG_WAITALL | MSG_CMSG_CLOEXEC);
@@ -255,13 +257,8 @@ pid_t zygote_spawn(char* const* argv, char* const* envp, int log_fd, pid_t pgid)
   for (char* const* e = envp; e && *e; ++e) payload.append(*e).push_back('\0');
   h.payload = static_cast<uint32_t>(payload.size());
 
-  char control[CMSG_SPACE(sizeof(int))] = {};
-  iovec iov{&h, sizeof h};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof control;
+  HeaderMessage m(h);
+  msghdr& msg = m.msg;
   cmsghdr* c = CMSG_FIRSTHDR(&msg);
   c->cmsg_level = SOL_SOCKET;
   c->cmsg_type = SCM_RIGHTS;

@@ -5,6 +5,7 @@
 
 #include "conformance/protocol/safetensors.hpp"
 
+#include <atomic>
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -220,10 +221,10 @@ void stand(Stepper& s, const TensorMap& initial, const std::vector<BackendUpdate
 // spilled to `dir` under "u<k>.<tag>.*" (held when `dir` is empty).
 std::vector<ReferenceUpdate> reference_pass(const Spec& spec, const Plan& plan, const TensorMap& initial,
                                             const std::vector<BackendUpdate>* run, const std::string& dir,
-                                            const std::string& tag) {
+                                            const std::string& tag, const std::atomic<bool>* stop = nullptr) {
   Stepper a(spec, initial, {torch::kFloat64, false});
   std::vector<ReferenceUpdate> out;
-  for (size_t u = 0; u < plan.windows.size(); ++u) {
+  for (size_t u = 0; u < plan.windows.size() && !(stop && *stop); ++u) {
     const Window& w = plan.windows[u];
     stand(a, initial, run, u);
     ReferenceUpdate r;
@@ -243,9 +244,10 @@ std::vector<ReferenceUpdate> reference_pass(const Spec& spec, const Plan& plan, 
 // The second route's pass, from the same ground as the reference's: each update's floor is its
 // distance from `ref` (read back from disk one tensor at a time).
 void floor_pass(const Spec& spec, const Plan& plan, const TensorMap& initial, Route route,
-                const std::vector<BackendUpdate>* run, std::vector<ReferenceUpdate>& ref) {
+                const std::vector<BackendUpdate>* run, std::vector<ReferenceUpdate>& ref,
+                const std::atomic<bool>* stop = nullptr) {
   Stepper b(spec, initial, route);
-  for (size_t u = 0; u < plan.windows.size(); ++u) {
+  for (size_t u = 0; u < plan.windows.size() && u < ref.size() && !(stop && *stop); ++u) {
     const Window& w = plan.windows[u];
     stand(b, initial, run, u);
     ReferenceUpdate& r = ref[u];
@@ -269,6 +271,19 @@ struct OneIntraOpThread {
   ~OneIntraOpThread() { torch::set_num_threads(before); }
 };
 
+// The initial weights, streamed from `spill_dir` when it is set (created; NOTE [streamed tensors]).
+TensorMap initial_weights(const Spec& spec, const std::string& spill_dir) {
+  TensorMap initial = initial_params(spec);
+  if (spill_dir.empty()) return initial;
+  std::error_code ec;
+  std::filesystem::create_directories(spill_dir, ec);
+  if (ec) throw ArtifactError(spill_dir + ": cannot create the reference's folder: " + ec.message());
+  write_safetensors(spill_dir + "/initial.safetensors", initial);
+  std::map<std::string, TensorExpectation> expect;
+  for (const auto& [name, h] : initial) expect[name] = {h.shape, h.dtype};
+  return read_safetensors(spill_dir + "/initial.safetensors", expect);
+}
+
 }  // namespace
 
 std::vector<ReferenceUpdate> run_reference(const Spec& spec, const Plan& plan) {
@@ -278,19 +293,8 @@ std::vector<ReferenceUpdate> run_reference(const Spec& spec, const Plan& plan) {
 References run_references(const Spec& spec, const Plan& plan, const std::vector<BackendUpdate>& run,
                           const std::string& spill_dir, const std::vector<ReferenceUpdate>* free_running) {
   const OneIntraOpThread one;
-  if (!spill_dir.empty()) {
-    std::error_code ec;
-    std::filesystem::create_directories(spill_dir, ec);
-    if (ec) throw ArtifactError(spill_dir + ": cannot create the reference's folder: " + ec.message());
-  }
   References out;
-  TensorMap initial = initial_params(spec);
-  if (!spill_dir.empty()) {  // on disk, as the rest (NOTE [streamed tensors])
-    write_safetensors(spill_dir + "/initial.safetensors", initial);
-    std::map<std::string, TensorExpectation> expect;
-    for (const auto& [name, h] : initial) expect[name] = {h.shape, h.dtype};
-    initial = read_safetensors(spill_dir + "/initial.safetensors", expect);
-  }
+  const TensorMap initial = initial_weights(spec, spill_dir);
   const Route route = floor_route(spec);
   const bool forced = run.size() == plan.windows.size();
 
@@ -311,11 +315,12 @@ References run_references(const Spec& spec, const Plan& plan, const std::vector<
   return out;
 }
 
-std::vector<ReferenceUpdate> free_running_reference(const Spec& spec, const Plan& plan) {
+std::vector<ReferenceUpdate> free_running_reference(const Spec& spec, const Plan& plan, const std::string& spill_dir,
+                                                    const std::atomic<bool>* stop) {
   const OneIntraOpThread one;
-  const TensorMap initial = initial_params(spec);
-  std::vector<ReferenceUpdate> out = reference_pass(spec, plan, initial, nullptr, "", "free");
-  floor_pass(spec, plan, initial, floor_route(spec), nullptr, out);
+  const TensorMap initial = initial_weights(spec, spill_dir);
+  std::vector<ReferenceUpdate> out = reference_pass(spec, plan, initial, nullptr, spill_dir, "free", stop);
+  floor_pass(spec, plan, initial, floor_route(spec), nullptr, out, stop);
   return out;
 }
 

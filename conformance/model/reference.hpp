@@ -1,5 +1,6 @@
 // The reference: one process, every example of an update in one concatenated batch, float64.
 #pragma once
+#include <atomic>
 #include <string>
 #include <vector>
 
@@ -37,8 +38,11 @@ References run_references(const Spec& spec, const Plan& plan, const std::vector<
                           const std::string& spill_dir = "",
                           const std::vector<ReferenceUpdate>* free_running = nullptr);
 
-/// The free-running half of run_references (its gradients kept), held in memory: a function of
-/// the spec and the plan alone.
-std::vector<ReferenceUpdate> free_running_reference(const Spec& spec, const Plan& plan);
+/// The free-running half of run_references (its gradients kept): a function of the spec and the
+/// plan alone. Held in memory, or streamed from `spill_dir` when it is set (as run_references).
+/// Once `*stop` is true it returns at the next update, unfinished (for a run that failed).
+std::vector<ReferenceUpdate> free_running_reference(const Spec& spec, const Plan& plan,
+                                                    const std::string& spill_dir = "",
+                                                    const std::atomic<bool>* stop = nullptr);
 
 }  // namespace gradcert

@@ -15,6 +15,7 @@
 
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/version.h>
+#include <malloc.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -25,6 +26,8 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <future>
+#include <thread>
 
 #include "backends/runtime/strategy.hpp"
 #include <nlohmann/json.hpp>
@@ -221,6 +224,12 @@ double available_memory_bytes() {
   return pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) : 0;
 }
 
+// The tiny LM's parameter count, in double (a d_model of 2^31 would overflow int64).
+double tiny_lm_parameters(const ModelSpec& m) {
+  const double d = m.d_model, f = m.d_ff, v = m.vocab, L = m.layers, T = m.max_len;
+  return 2 * v * d + T * d + L * (4 * d * d + 2 * d * f + f + 6 * d) + 2 * d;
+}
+
 // NOTE [oversized specs] A spec whose model cannot fit is refused before any rank starts, naming
 // the field that made it so (the one furthest above its default): the float64 reference alone
 // holds the model's weights and gradients (16 bytes a parameter), whatever the strategy, so that
@@ -231,7 +240,7 @@ void refuse_oversized(const Spec& spec) {
   if (!spec.model.factory.empty()) return;  // the user's model: its size is known once built
   const ModelSpec& m = spec.model;
   const double d = m.d_model, f = m.d_ff, v = m.vocab, L = m.layers, T = m.max_len;
-  const double params = 2 * v * d + T * d + L * (4 * d * d + 2 * d * f + f + 6 * d) + 2 * d;
+  const double params = tiny_lm_parameters(m);
   const double need = 16 * params, have = available_memory_bytes();
   if (have <= 0 || need <= have) return;
   const ModelSpec defaults;
@@ -398,32 +407,95 @@ void keep_leg(const std::string& dir, int world, const std::string& leg) {
 // (the checks that judge a run's gradients and steps read that one). Only small models are kept,
 // held in memory (kCachedModelBytes a run, kCacheBytes in all); a bigger one is recomputed per run
 // and streamed through the run's folder (NOTE [streamed tensors]). Runs are checked one at a time.
-constexpr double kCachedModelBytes = 32.0 * (1 << 20), kCacheBytes = 256.0 * (1 << 20);
+class ReferenceCache {
+ public:
+  static constexpr double kCachedModelBytes = 32.0 * (1 << 20), kCacheBytes = 256.0 * (1 << 20);
 
-const std::vector<ReferenceUpdate>* cached_free_running(const Spec& spec, const Plan& plan, const TensorMap& shapes) {
-  static std::map<std::string, std::vector<ReferenceUpdate>> cache;
-  static double held = 0;
-  double numel = 0;
-  for (const auto& kv : shapes) numel += static_cast<double>(kv.second.numel());
-  const double bytes = 16 * numel * static_cast<double>(plan.windows.size());  // float64 grads + params
-  if (bytes > kCachedModelBytes) return nullptr;
+  /// float64 gradients and parameters of every update (the C++ reference is the tiny LM's).
+  static double bytes(const Spec& spec, const Plan& plan) {
+    return 16 * tiny_lm_parameters(spec.model) * static_cast<double>(plan.windows.size());
+  }
+  static bool keeps(const Spec& spec, const Plan& plan) { return bytes(spec, plan) <= kCachedModelBytes; }
+  /// Whether two plans train the same windows (one free-running reference serves both).
+  static bool same(const Spec& spec, const Plan& a, const Plan& b) { return key(spec, a) == key(spec, b); }
+
+  const std::vector<ReferenceUpdate>* find(const Spec& spec, const Plan& plan) const {
+    const auto it = entries_.find(key(spec, plan));
+    return it == entries_.end() ? nullptr : &it->second;
+  }
+  const std::vector<ReferenceUpdate>* keep(const Spec& spec, const Plan& plan, std::vector<ReferenceUpdate> free) {
+    if (held_ + bytes(spec, plan) > kCacheBytes) entries_.clear(), held_ = 0;
+    held_ += bytes(spec, plan);
+    return &(entries_[key(spec, plan)] = std::move(free));
+  }
+
+ private:
   // The spec and every window's microbatches (a resumed run's plan mixes two worlds' splits).
-  std::string key = spec_to_json(spec);
-  for (const Window& w : plan.windows) {
-    key += "\nu" + std::to_string(w.update) + ":";
-    for (int64_t id : w.ids) key += std::to_string(id) + ",";
-    for (const auto& row : w.slots) {
-      key += " |";
-      for (const Microbatch& mb : row) {
-        key += " [";
-        for (int64_t id : mb.ids) key += std::to_string(id) + ",";
+  static std::string key(const Spec& spec, const Plan& plan) {
+    std::string key = spec_to_json(spec);
+    for (const Window& w : plan.windows) {
+      key += "\nu" + std::to_string(w.update) + ":";
+      for (int64_t id : w.ids) key += std::to_string(id) + ",";
+      for (const auto& row : w.slots) {
+        key += " |";
+        for (const Microbatch& mb : row) {
+          key += " [";
+          for (int64_t id : mb.ids) key += std::to_string(id) + ",";
+        }
       }
     }
+    return key;
   }
-  if (auto it = cache.find(key); it != cache.end()) return &it->second;
-  if (held + bytes > kCacheBytes) cache.clear(), held = 0;
-  held += bytes;
-  return &cache.emplace(key, free_running_reference(spec, plan)).first->second;
+  std::map<std::string, std::vector<ReferenceUpdate>> entries_;
+  double held_ = 0;
+};
+
+ReferenceCache& reference_cache() {
+  static ReferenceCache cache;
+  return cache;
+}
+
+// The plan the C++ reference runs: the run's, or for a resumed run the windows both legs trained.
+Plan reference_plan(const Spec& spec, const Plan& plan) { return spec.resume.at > 0 ? resumed_plan(spec) : plan; }
+
+// NOTE [early reference] The free-running half of the C++ reference needs nothing from the ranks
+// (NOTE [reference cache]), so where the machine has a core beyond the built-in ranks' (one
+// intra-op thread each), it runs on a thread of the harness while they train: into the run
+// folder's reference/ (streamed, NOTE [streamed tensors]), or held and then cached when the model
+// is small. The teacher-forced half waits for the ranks' artifacts. Where the ranks have every
+// core (here: 2 cores, 2 ranks), it runs after them as before, so that it does not slow the steps
+// the throughput table reports; an external stack's ranks may use every core, so they never
+// share. A run that fails stops it at its next update; its files are removed with the run's
+// reference/ folder.
+struct EarlyReference {
+  std::atomic<bool> stop{false};
+  std::future<std::vector<ReferenceUpdate>> free;
+  std::string spill_dir;  ///< "" when the result is held (a small model)
+  Plan plan;
+  EarlyReference() = default;
+  EarlyReference(const EarlyReference&) = delete;
+  EarlyReference& operator=(const EarlyReference&) = delete;
+  ~EarlyReference() {
+    stop = true;
+    if (free.valid()) free.wait();
+    std::error_code ec;
+    if (!spill_dir.empty()) fs::remove_all(spill_dir, ec);
+  }
+};
+
+void start_early_reference(EarlyReference& early, const RunRequest& req, const Spec& spec, const Plan& plan,
+                           int ranks) {
+  if (req.backend == kExternalBackend || needs_python_reference(spec) ||
+      std::thread::hardware_concurrency() <= static_cast<unsigned>(ranks))
+    return;
+  early.plan = reference_plan(spec, plan);
+  if (reference_cache().find(spec, early.plan)) return;
+  if (!ReferenceCache::keeps(spec, early.plan)) early.spill_dir = req.run_dir + "/reference";
+  early.free = std::async(std::launch::async, [&early, spec] {
+    auto free = free_running_reference(spec, early.plan, early.spill_dir, &early.stop);
+    ::malloc_trim(0);  // what this thread's malloc arena freed goes back, not beside the main thread's
+    return free;
+  });
 }
 
 // NOTE [checking a run folder] What follows the launch, and all `gradcert check` does: read
@@ -433,7 +505,7 @@ const std::vector<ReferenceUpdate>* cached_free_running(const Spec& spec, const 
 // figures into `report`. Nothing here launches a rank, so `run` and `check` agree by
 // construction. Bad artifacts and a failed reference runner set report.error.
 void check_artifacts(RunReport& report, const RunRequest& req, const Spec& spec, const Plan& plan,
-                     const std::string& nonce, const std::string& work_dir) {
+                     const std::string& nonce, const std::string& work_dir, EarlyReference* early = nullptr) {
   if (const int sig = interrupt_signal()) {  // NOTE [interrupt]: between the launch and the checks
     report.interrupted = sig;
     report.error = "interrupted by " + signal_text(sig) + " before the artifacts were read";
@@ -493,8 +565,18 @@ void check_artifacts(RunReport& report, const RunRequest& req, const Spec& spec,
     } else {
       remove_spill.armed = true;
       const Plan ref_plan = req.sampler_audit ? plan_from_consumed(spec, plan, artifacts) : plan_in;
-      References refs =
-          run_references(spec, ref_plan, artifacts, spill_dir, cached_free_running(spec, ref_plan, shapes));
+      // Free-running: from the cache (NOTE [reference cache]), the thread of NOTE [early reference],
+      // or computed now; a big model's is streamed through spill_dir.
+      ReferenceCache& cache = reference_cache();
+      const std::vector<ReferenceUpdate>* free = cache.find(spec, ref_plan);
+      std::vector<ReferenceUpdate> early_free;
+      if (!free && early && early->free.valid() && ReferenceCache::same(spec, early->plan, ref_plan)) {
+        early_free = early->free.get();
+        free = early->spill_dir.empty() ? cache.keep(spec, ref_plan, std::move(early_free)) : &early_free;
+      }
+      if (!free && ReferenceCache::keeps(spec, ref_plan))
+        free = cache.keep(spec, ref_plan, free_running_reference(spec, ref_plan));
+      References refs = run_references(spec, ref_plan, artifacts, spill_dir, free);
       reference = std::move(refs.free_running);
       forced = std::move(refs.forced);
       report.diagnosis.note = "no diagnosis: the C++ reference computes no per-piece gradients (run with --model)";
@@ -642,6 +724,9 @@ RunReport run_backend(const RunRequest& req) {
   }
   launch_req.timeout = std::chrono::milliseconds(static_cast<int64_t>(spec.timeout.run_s * 1000));
   launch_req.log_dir = req.run_dir;
+  EarlyReference early;  // NOTE [early reference]
+  start_early_reference(early, req, spec, plan,
+                        spec.resume.at > 0 ? std::max(world, second_leg_spec(spec).topology.world()) : world);
   LaunchResult launched;
   std::string incomplete;  // a resumed run whose first leg saved no loadable checkpoint
   if (spec.resume.at > 0) {
@@ -739,7 +824,7 @@ RunReport run_backend(const RunRequest& req) {
     c.detail = incomplete + " (the second leg was not started: nothing else is judged)";
     report.checks.push_back(c);
   } else {
-    check_artifacts(report, req, spec, plan, nonce, req.run_dir);
+    check_artifacts(report, req, spec, plan, nonce, req.run_dir, &early);
   }
   if (!report.interrupted) report.interrupted = interrupt_signal();
   report.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

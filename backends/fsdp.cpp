@@ -37,7 +37,7 @@ class FsdpBackend : public Backend {
   }
 
   void setup(RankContext& ctx) override {
-    const TensorMap init = initial_params(*ctx.spec);
+    const TensorMap init = initial_params(*ctx.spec, ctx.initial_file);
     model_ = make_model(ctx.spec->model, init, scalar_type(ctx.spec->dtype));
     layout_ = FlatLayout::of(init);
     const auto master_type = ctx.spec->dtype == DType::BFloat16 ? torch::kFloat32 : scalar_type(ctx.spec->dtype);

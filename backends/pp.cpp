@@ -33,7 +33,7 @@ class PpBackend : public Backend {
     me_ = coords_of(plan, ctx.rank);
     std::tie(first_block_, end_block_) = stage_blocks(ctx.spec->model.layers, plan.pp, me_.pp);
     last_stage_ = me_.pp == plan.pp - 1;
-    const TensorMap init = initial_params(*ctx.spec);
+    const TensorMap init = initial_params(*ctx.spec, ctx.initial_file);
     layout_ = FlatLayout::of(init);
     model_ = make_model(ctx.spec->model, init, scalar_type(ctx.spec->dtype));
     torch::NoGradGuard ng;

@@ -152,7 +152,7 @@ class TpBackend : public Backend {
     me_ = coords_of(*ctx.plan, ctx.rank);
     tp_group = ctx.tp_pg ? ctx.tp_pg.get() : nullptr;
     if (tp_ > 1 && !tp_group) throw std::logic_error("backend tp: no TP process group");
-    const TensorMap init = initial_params(*ctx.spec);
+    const TensorMap init = initial_params(*ctx.spec, ctx.initial_file);
     layout_ = FlatLayout::of(init);
     const auto dtype = scalar_type(ctx.spec->dtype);
     model_ = TpModel(ctx.spec->model, tp_);

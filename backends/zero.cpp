@@ -24,7 +24,7 @@ torch::Tensor flat_grads(TinyLM& model, const FlatLayout& layout) {
 
 void ZeroState::setup(RankContext& ctx) {
   replica_.setup(ctx);
-  const TensorMap init = initial_params(*ctx.spec);
+  const TensorMap init = initial_params(*ctx.spec, ctx.initial_file);
   layout_ = FlatLayout::of(init);
   shard_ = std::make_unique<FlatShard>(0, layout_.total, ctx.plan->dp, ctx.plan->dp_rank_of(ctx.rank));
   const auto master_type = ctx.spec->dtype == DType::BFloat16 ? torch::kFloat32 : scalar_type(ctx.spec->dtype);

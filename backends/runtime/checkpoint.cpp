@@ -88,8 +88,7 @@ CheckpointRecord load_checkpoint(RankContext& ctx, Backend& backend, const std::
     expect_opt.name = "sgd";
     expect_opt.momentum = 0;
   }
-  TensorMap shapes = initial_params(*ctx.spec);
-  for (auto& kv : shapes) kv.second.held = {};
+  const TensorMap shapes = initial_shapes(*ctx.spec);
   const Checkpoint cp =
       read_checkpoint(dir, /*world: the saver's*/ 0, checkpoint_expectation(shapes, expect_opt, ctx.spec->dtype), nonce);
   const auto type = scalar_type(checkpoint_dtype(ctx.spec->dtype));

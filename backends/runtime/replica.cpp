@@ -60,7 +60,7 @@ double loss_scale(Mutant mutant, int dp, int accum, int64_t window_targets, int6
 }
 
 void ReplicaState::setup(RankContext& ctx) {
-  model_ = make_model(ctx.spec->model, initial_params(*ctx.spec), scalar_type(ctx.spec->dtype));
+  model_ = make_model(ctx.spec->model, initial_params(*ctx.spec, ctx.initial_file), scalar_type(ctx.spec->dtype));
 }
 
 double WindowWork::scale(const RankContext& ctx, int a, int dp) const {

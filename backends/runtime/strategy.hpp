@@ -27,6 +27,9 @@ using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
 struct RankContext {
   const Spec* spec = nullptr;
   const Plan* plan = nullptr;
+  /// The run's initial.safetensors, which every setup loads (NOTE [initial weights once]); empty:
+  /// the weights are drawn from the spec.
+  std::string initial_file;
   int rank = 0, world = 1;
   /// All ranks (null when world == 1). Collectives on it time out after spec.timeout.collective_s.
   c10::intrusive_ptr<c10d::Backend> pg;

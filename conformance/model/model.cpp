@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "conformance/core/dataset.hpp"
+#include "conformance/protocol/safetensors.hpp"
 
 namespace gradcert {
 
@@ -101,6 +102,25 @@ TensorMap initial_params(const Spec& spec) {
     out[name] = to_host(name, init.to(scalar_type(spec.dtype)), spec.dtype);
   }
   return out;
+}
+
+TensorMap initial_shapes(const Spec& spec) {
+  TinyLM shape_only(spec.model);
+  TensorMap out;
+  for (const auto& p : shape_only->named_parameters()) {
+    HostTensor& h = out[p.key()];
+    h.name = p.key();
+    h.dtype = spec.dtype;
+    h.shape.assign(p.value().sizes().begin(), p.value().sizes().end());
+  }
+  return out;
+}
+
+TensorMap initial_params(const Spec& spec, const std::string& file) {
+  if (file.empty()) return initial_params(spec);
+  std::map<std::string, TensorExpectation> expect;
+  for (const auto& [name, h] : initial_shapes(spec)) expect[name] = {h.shape, h.dtype};
+  return read_safetensors(file, expect);
 }
 
 TinyLM make_model(const ModelSpec& m, const TensorMap& params, torch::ScalarType dtype) {

@@ -46,6 +46,17 @@ torch::ScalarType scalar_type(DType d);
 /// to spec.dtype (stored as double), so the reference and every backend start identical.
 TensorMap initial_params(const Spec& spec);
 
+/// The initial weights' names, shapes and dtypes, with no values (none drawn).
+TensorMap initial_shapes(const Spec& spec);
+
+/// NOTE [initial weights once] A built-in run draws its initial weights once: the harness writes
+/// them to the run folder's initial.safetensors (as it does for an external stack), and each
+/// rank's backends (the planned run's and the memory probes' three) read that file, strictly
+/// against initial_shapes, instead of drawing 9.5M normals again per setup at 10M parameters.
+/// The values are the same bits (the file stores the run dtype, which the draw was rounded to).
+/// `file` empty: drawn here, as initial_params(spec).
+TensorMap initial_params(const Spec& spec, const std::string& file);
+
 /// A model in `dtype` loaded with `params` (names and shapes must match; throws naming one).
 TinyLM make_model(const ModelSpec& m, const TensorMap& params, torch::ScalarType dtype);
 

@@ -115,9 +115,15 @@ nlohmann::json external_dataset(const Spec& spec) {
           {"samples", samples}};
 }
 
+// The spec's initial weights, drawn once per run for every rank to load: an external stack's,
+// and the built-in ranks' (NOTE [initial weights once]).
+void write_initial(const Spec& spec, const std::string& dir) {
+  write_safetensors(dir + "/initial.safetensors", initial_params(spec), {{"schema", "gradcert.initial/1"}});
+}
+
 void write_external_inputs(const Spec& spec, const std::string& dir) {
   write_file_atomic(dir + "/dataset.json", external_dataset(spec).dump());
-  write_safetensors(dir + "/initial.safetensors", initial_params(spec), {{"schema", "gradcert.initial/1"}});
+  write_initial(spec, dir);
 }
 
 
@@ -193,7 +199,8 @@ RunMemoryEvidence add_memory_and_throughput(RunReport& report, const Spec& spec,
 // The model's names, shapes and dtypes, no values: the spec's tiny LM, or a model factory's
 // initial.safetensors in the run folder.
 TensorMap model_shapes(const Spec& spec, const std::string& run_dir) {
-  TensorMap shapes = spec.model.factory.empty() ? initial_params(spec) : read_safetensors(run_dir + "/initial.safetensors");
+  if (spec.model.factory.empty()) return initial_shapes(spec);
+  TensorMap shapes = read_safetensors(run_dir + "/initial.safetensors");
   for (auto& kv : shapes) kv.second.held = {};
   return shapes;
 }
@@ -699,6 +706,7 @@ RunReport run_backend(const RunRequest& req) {
   launch_req.world = world;
   launch_req.argv = worker_argv(req.backend, store);
   launch_req.env = {{"GRADCERT_RUN_NONCE", nonce}};
+  if (!external) write_initial(spec, req.run_dir);  // NOTE [initial weights once]
   if (external) {
     // One launcher process runs the command; the stack starts its own ranks (e.g. torchrun).
     write_external_inputs(spec, req.run_dir);

@@ -123,6 +123,9 @@ int worker_main(const WorkerArgs& args) {
     RankContext ctx;
     ctx.spec = &spec;
     ctx.plan = &plan;
+    // The harness wrote it (NOTE [initial weights once]); a worker started without one draws.
+    if (std::filesystem::is_regular_file(args.run_dir + "/initial.safetensors"))
+      ctx.initial_file = args.run_dir + "/initial.safetensors";
     ctx.rank = rank;
     ctx.world = world;
     ctx.mutant = parse_mutant(args.inject);

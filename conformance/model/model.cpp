@@ -5,7 +5,6 @@
 #include <cmath>
 
 #include "conformance/core/dataset.hpp"
-#include "conformance/protocol/safetensors.hpp"
 
 namespace gradcert {
 
@@ -116,11 +115,15 @@ TensorMap initial_shapes(const Spec& spec) {
   return out;
 }
 
+std::map<std::string, TensorExpectation> expectation_of(const TensorMap& tensors) {
+  std::map<std::string, TensorExpectation> expect;
+  for (const auto& [name, h] : tensors) expect[name] = {h.shape, h.dtype};
+  return expect;
+}
+
 TensorMap initial_params(const Spec& spec, const std::string& file) {
   if (file.empty()) return initial_params(spec);
-  std::map<std::string, TensorExpectation> expect;
-  for (const auto& [name, h] : initial_shapes(spec)) expect[name] = {h.shape, h.dtype};
-  return read_safetensors(file, expect);
+  return read_safetensors(file, expectation_of(initial_shapes(spec)));
 }
 
 TinyLM make_model(const ModelSpec& m, const TensorMap& params, torch::ScalarType dtype) {

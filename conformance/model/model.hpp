@@ -9,6 +9,7 @@
 
 #include "conformance/core/spec.hpp"
 #include "conformance/core/tensors.hpp"
+#include "conformance/protocol/safetensors.hpp"
 
 namespace gradcert {
 
@@ -48,6 +49,9 @@ TensorMap initial_params(const Spec& spec);
 
 /// The initial weights' names, shapes and dtypes, with no values (none drawn).
 TensorMap initial_shapes(const Spec& spec);
+
+/// What read_safetensors is to expect of a file that holds `tensors`: their names, shapes, dtypes.
+std::map<std::string, TensorExpectation> expectation_of(const TensorMap& tensors);
 
 /// NOTE [initial weights once] A built-in run draws its initial weights once: the harness writes
 /// them to the run folder's initial.safetensors (as it does for an external stack), and each

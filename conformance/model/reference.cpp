@@ -5,8 +5,8 @@
 
 #include "conformance/protocol/safetensors.hpp"
 
-#include <atomic>
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <filesystem>
 #include <tuple>
@@ -177,9 +177,7 @@ TensorMap spill(const std::string& dir, const std::string& file,
     const auto flat = by_name.at(name)->to(torch::kFloat64).contiguous().view({-1});
     out.assign(flat.data_ptr<double>(), flat.data_ptr<double>() + flat.numel());
   });
-  std::map<std::string, TensorExpectation> expect;
-  for (const auto& [name, h] : heads) expect[name] = {h.shape, h.dtype};
-  return read_safetensors(path, expect);
+  return read_safetensors(path, expectation_of(heads));
 }
 
 // The second route of NOTE [noise floor]: pieces in float64, the concatenated batch otherwise.
@@ -279,9 +277,7 @@ TensorMap initial_weights(const Spec& spec, const std::string& spill_dir) {
   std::filesystem::create_directories(spill_dir, ec);
   if (ec) throw ArtifactError(spill_dir + ": cannot create the reference's folder: " + ec.message());
   write_safetensors(spill_dir + "/initial.safetensors", initial);
-  std::map<std::string, TensorExpectation> expect;
-  for (const auto& [name, h] : initial) expect[name] = {h.shape, h.dtype};
-  return read_safetensors(spill_dir + "/initial.safetensors", expect);
+  return read_safetensors(spill_dir + "/initial.safetensors", expectation_of(initial));
 }
 
 }  // namespace

@@ -115,16 +115,6 @@ nlohmann::json external_dataset(const Spec& spec) {
           {"samples", samples}};
 }
 
-// The spec's initial weights, drawn once per run for every rank to load: an external stack's,
-// and the built-in ranks' (NOTE [initial weights once]).
-void write_initial(const Spec& spec, const std::string& dir) {
-  write_safetensors(dir + "/initial.safetensors", initial_params(spec), {{"schema", "gradcert.initial/1"}});
-}
-
-void write_external_inputs(const Spec& spec, const std::string& dir) {
-  write_file_atomic(dir + "/dataset.json", external_dataset(spec).dump());
-  write_initial(spec, dir);
-}
 
 
 
@@ -536,15 +526,14 @@ void check_artifacts(RunReport& report, const RunRequest& req, const Spec& spec,
     const bool resumed = spec.resume.at > 0;
     const Spec leg2_spec = second_leg_spec(spec);
     const Plan leg2_plan = resumed ? make_plan(leg2_spec) : Plan{};
-    const Plan checked_plan = resumed ? resumed_plan(spec) : Plan{};
-    const Plan& plan_in = resumed ? checked_plan : plan;
+    const Plan plan_in = reference_plan(spec, plan);
     std::vector<BackendUpdate> artifacts;
     if (!resumed) {
       artifacts = read_run(req.run_dir, plan, plan.world(), shapes, spec.dtype, nonce);
     } else {
       const int K = spec.resume.at, N = static_cast<int>(plan.windows.size());
       artifacts = read_run(req.run_dir, plan, plan.world(), shapes, spec.dtype, nonce, {"leg1.", 0, K});
-      for (auto& u : read_run(req.run_dir, checked_plan, leg2_plan.world(), shapes, spec.dtype, nonce, {"leg2.", K, N - K}))
+      for (auto& u : read_run(req.run_dir, plan_in, leg2_plan.world(), shapes, spec.dtype, nonce, {"leg2.", K, N - K}))
         artifacts.push_back(std::move(u));
     }
     // NOTE [sampler audit] The ledger and update size are checked against the plan (so a
@@ -706,10 +695,12 @@ RunReport run_backend(const RunRequest& req) {
   launch_req.world = world;
   launch_req.argv = worker_argv(req.backend, store);
   launch_req.env = {{"GRADCERT_RUN_NONCE", nonce}};
-  if (!external) write_initial(spec, req.run_dir);  // NOTE [initial weights once]
+  // The initial weights, drawn once for every rank to load: an external stack's, and the
+  // built-in ranks' (NOTE [initial weights once]).
+  write_safetensors(req.run_dir + "/initial.safetensors", initial_params(spec), {{"schema", "gradcert.initial/1"}});
   if (external) {
     // One launcher process runs the command; the stack starts its own ranks (e.g. torchrun).
-    write_external_inputs(spec, req.run_dir);
+    write_file_atomic(req.run_dir + "/dataset.json", external_dataset(spec).dump());
     // NOTE [model factory] The user's model: the reference runner calls the factory once
     // (seeded) and writes initial.safetensors with the model's own names and shapes; the
     // stack and the reference both start from it.

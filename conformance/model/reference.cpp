@@ -9,6 +9,11 @@
 #include <atomic>
 #include <cmath>
 #include <filesystem>
+#include <functional>
+#include <malloc.h>
+#include <future>
+#include <optional>
+#include <thread>
 #include <tuple>
 
 namespace gradcert {
@@ -190,8 +195,16 @@ Route floor_route(const Spec& spec) {
   return {scalar_type(spec.dtype), false};
 }
 
-// One route's model and optimizer state. Each pass of a route runs alone, so the harness holds
-// one model at a time, and its tensors leave memory as soon as they are copied out.
+// One intra-op thread while it lives, as the ranks and the Python runner use: the harness shares
+// the machine with the ranks, and OpenMP threads spinning on busy cores made the reference of a
+// 1M-parameter run 10x slower (measured: 43 s for `gradcert check` of 8 updates).
+struct OneIntraOpThread {
+  const int before = torch::get_num_threads();
+  OneIntraOpThread() { torch::set_num_threads(1); }
+  ~OneIntraOpThread() { torch::set_num_threads(before); }
+};
+
+// One route's model and optimizer state.
 struct Stepper {
   Stepper(const Spec& spec, const TensorMap& initial, Route r)
       : model(make_model(spec.model, initial, r.dtype)), route(r) {}
@@ -200,7 +213,9 @@ struct Stepper {
     load_params(model, params, route.dtype, update);
     masters.clear();  // bfloat16: the master starts from the stack's (bf16) weights
   }
-  Evaluation evaluate_at(const Spec& spec, const Window& w) { return evaluate(spec, model, w, route.pieces, route.dtype); }
+  Evaluation evaluate_at(const Spec& spec, const Window& w) {
+    return evaluate(spec, model, w, route.pieces, route.dtype);
+  }
   void step(const Spec& spec, const Window& w) { step_all(spec, w.update, model, slots, masters, route.dtype); }
 
   TinyLM model;
@@ -215,59 +230,116 @@ void stand(Stepper& s, const TensorMap& initial, const std::vector<BackendUpdate
   if (run) s.stand_at(u == 0 ? initial : (*run)[u - 1].params_after, static_cast<int>(u) - 1);
 }
 
-// The reference's pass (float64, the concatenated batch): one update per window, its tensors
-// spilled to `dir` under "u<k>.<tag>.*" (held when `dir` is empty).
-std::vector<ReferenceUpdate> reference_pass(const Spec& spec, const Plan& plan, const TensorMap& initial,
-                                            const std::vector<BackendUpdate>* run, const std::string& dir,
-                                            const std::string& tag, const std::atomic<bool>* stop = nullptr) {
-  Stepper a(spec, initial, {torch::kFloat64, false});
-  std::vector<ReferenceUpdate> out;
+// f here and g on a second thread (one intra-op thread, as here) when both are given, so the
+// two routes' forward, backward and step run side by side; g's exception is rethrown here.
+void side_by_side(const std::function<void()>& f, const std::function<void()>& g) {
+  if (!f || !g) {
+    if (f) f();
+    if (g) g();
+    return;
+  }
+  auto other = std::async(std::launch::async, [&g] {
+    const OneIntraOpThread one;
+    g();
+  });
+  f();
+  other.get();
+}
+
+// Which steppers a pass runs: the reference's (float64, the concatenated batch: its tensors
+// spilled to `dir` under "u<k>.<tag>.*", held when `dir` is empty), the second route's (each
+// update's floor is its distance from the reference's, read back one tensor at a time), or both
+// at once (NOTE [routes side by side]).
+enum class Routes { Reference, Floor, Both };
+
+// One trajectory (free-running: `run` null; teacher-forced: at the stack's parameters) of the
+// routes `which`, one update per window, into `ref` (a Floor pass reads the reference's there).
+void pass(const Spec& spec, const Plan& plan, const TensorMap& initial, const std::vector<BackendUpdate>* run,
+          Routes which, const std::string& dir, const std::string& tag, std::vector<ReferenceUpdate>& ref,
+          const std::atomic<bool>* stop = nullptr) {
+  const Route route = floor_route(spec);
+  const DType dtype = dtype_of(route.dtype);
+  std::optional<Stepper> a, b;  // the reference's route and the second route, where this pass runs them
+  if (which != Routes::Floor) a.emplace(spec, initial, Route{torch::kFloat64, false});
+  if (which != Routes::Reference) b.emplace(spec, initial, route);
+  auto each = [&](const std::function<void()>& on_a, const std::function<void()>& on_b) {
+    side_by_side(a ? on_a : nullptr, b ? on_b : nullptr);
+  };
+  // The second route's distance from the reference's tensors: the reference's model itself when
+  // both run (the same values as its spilled tensors: the spill is exact float64), so that the
+  // distance is taken while they are written; the spilled (or held) tensors otherwise.
+  auto versus = [&](bool grads, const TensorMap& spilled) {
+    if (!a) return distance(named(b->model, grads), dtype, spilled);
+    return distance(named(b->model, grads), dtype, spill("", "", named(a->model, grads), DType::Float64));
+  };
   for (size_t u = 0; u < plan.windows.size() && !(stop && *stop); ++u) {
     const Window& w = plan.windows[u];
-    stand(a, initial, run, u);
-    ReferenceUpdate r;
-    r.update = w.update;
-    Evaluation e = a.evaluate_at(spec, w);
-    r.loss = e.loss;
-    r.valid_targets = e.valid_targets;
-    const std::string stem = "u" + std::to_string(w.update) + "." + tag;
-    r.grads = spill(dir, stem + ".grads.safetensors", named(a.model, true), DType::Float64);
-    a.step(spec, w);
-    r.params_after = spill(dir, stem + ".params.safetensors", named(a.model, false), DType::Float64);
-    out.push_back(std::move(r));
-  }
-  return out;
-}
-
-// The second route's pass, from the same ground as the reference's: each update's floor is its
-// distance from `ref` (read back from disk one tensor at a time).
-void floor_pass(const Spec& spec, const Plan& plan, const TensorMap& initial, Route route,
-                const std::vector<BackendUpdate>* run, std::vector<ReferenceUpdate>& ref,
-                const std::atomic<bool>* stop = nullptr) {
-  Stepper b(spec, initial, route);
-  for (size_t u = 0; u < plan.windows.size() && u < ref.size() && !(stop && *stop); ++u) {
-    const Window& w = plan.windows[u];
-    stand(b, initial, run, u);
+    if (!a && u >= ref.size()) break;
+    if (a) ref.emplace_back();
     ReferenceUpdate& r = ref[u];
     UpdateFloor& f = r.floor;
-    const DType dtype = dtype_of(route.dtype);
-    const Evaluation e = b.evaluate_at(spec, w);
-    std::tie(f.grad, f.scale) = distance(named(b.model, true), dtype, r.grads);
-    f.loss = r.loss != 0 ? std::fabs(e.loss - r.loss) / std::fabs(r.loss) : std::fabs(e.loss);
-    b.step(spec, w);
-    f.params = distance(named(b.model, false), dtype, r.params_after).first;
-    f.measured = true;
+    const std::string stem = "u" + std::to_string(w.update) + "." + tag;
+    Evaluation ea, eb;
+    each(
+        [&] {
+          stand(*a, initial, run, u);
+          ea = a->evaluate_at(spec, w);
+        },
+        [&] {
+          stand(*b, initial, run, u);
+          eb = b->evaluate_at(spec, w);
+        });
+    if (a) {
+      r.update = w.update;
+      r.loss = ea.loss;
+      r.valid_targets = ea.valid_targets;
+    }
+    each([&] { r.grads = spill(dir, stem + ".grads.safetensors", named(a->model, true), DType::Float64); },
+         [&] {
+           std::tie(f.grad, f.scale) = versus(true, r.grads);
+           f.loss = r.loss != 0 ? std::fabs(eb.loss - r.loss) / std::fabs(r.loss) : std::fabs(eb.loss);
+         });
+    each([&] { a->step(spec, w); }, [&] { b->step(spec, w); });
+    each([&] { r.params_after = spill(dir, stem + ".params.safetensors", named(a->model, false), DType::Float64); },
+         [&] {
+           f.params = versus(false, r.params_after).first;
+           f.measured = true;
+         });
   }
 }
 
-// One intra-op thread while it lives, as the ranks and the Python runner use: the harness shares
-// the machine with the ranks, and OpenMP threads spinning on busy cores made the reference of a
-// 1M-parameter run 10x slower (measured: 43 s for `gradcert check` of 8 updates).
-struct OneIntraOpThread {
-  const int before = torch::get_num_threads();
-  OneIntraOpThread() { torch::set_num_threads(1); }
-  ~OneIntraOpThread() { torch::set_num_threads(before); }
-};
+// NOTE [routes side by side] The reference's route and the second route of NOTE [noise floor]
+// are independent computations until each update's distance, so where the machine is the
+// harness's (the ranks have exited) and has two cores, one pass runs both in lockstep on two
+// threads: both forward / backward at once, then the reference's tensors spilled while the
+// second route's distance from them is taken (from the reference's model itself: the spill is
+// exact float64), both optimizer steps at once, the parameters likewise. Both models are then
+// held together, so only while their state (parameters, gradients, two optimizer slots: 4 x 8 B
+// per parameter each) fits in 1 GiB, about 16M parameters; a bigger model runs one route after
+// the other, holding one model at a time (so the harness stays under 2 GiB at 46M, NOTE
+// [streamed tensors]). The figures are the same either way, bit for bit: each route's operations
+// and their order do not change, only the thread they run on (StreamedReference test; the 144
+// check figures of 13 runs identical). Measured, `gradcert run --backend ddp`, old and new
+// alternated: 10M parameters 16.0 / 17.9 s -> 13.2 / 14.9 s (harness RSS 420 -> 655 MB), 1M 2.48 /
+// 2.35 s -> 1.90 / 2.05 s, the default spec unchanged (0.5 s).
+Routes routes_for(const TensorMap& initial, RouteThreads threads) {
+  if (threads != RouteThreads::Auto) return threads == RouteThreads::Two ? Routes::Both : Routes::Reference;
+  double params = 0;
+  for (const auto& [name, t] : initial) params += static_cast<double>(t.numel());
+  const bool fits = 2 * 4 * 8 * params <= 1024.0 * 1024 * 1024;
+  return fits && std::thread::hardware_concurrency() >= 2 ? Routes::Both : Routes::Reference;
+}
+
+// Both routes of one trajectory: side by side (Routes::Both), or the reference's pass then the floor's.
+std::vector<ReferenceUpdate> trajectory(const Spec& spec, const Plan& plan, const TensorMap& initial,
+                                        const std::vector<BackendUpdate>* run, Routes routes, const std::string& dir,
+                                        const std::string& tag, const std::atomic<bool>* stop = nullptr) {
+  std::vector<ReferenceUpdate> out;
+  pass(spec, plan, initial, run, routes, dir, tag, out, stop);
+  if (routes == Routes::Reference) pass(spec, plan, initial, run, Routes::Floor, dir, tag, out, stop);
+  else ::malloc_trim(0);  // what the second thread's malloc arena freed goes back (a model's state)
+  return out;
+}
 
 // The initial weights, streamed from `spill_dir` when it is set (created; NOTE [streamed tensors]).
 TensorMap initial_weights(const Spec& spec, const std::string& spill_dir) {
@@ -283,41 +355,36 @@ TensorMap initial_weights(const Spec& spec, const std::string& spill_dir) {
 }  // namespace
 
 std::vector<ReferenceUpdate> run_reference(const Spec& spec, const Plan& plan) {
-  return reference_pass(spec, plan, initial_params(spec), nullptr, "", "");
+  std::vector<ReferenceUpdate> out;
+  pass(spec, plan, initial_params(spec), nullptr, Routes::Reference, "", "", out);
+  return out;
 }
 
 References run_references(const Spec& spec, const Plan& plan, const std::vector<BackendUpdate>& run,
-                          const std::string& spill_dir, const std::vector<ReferenceUpdate>* free_running) {
+                          const std::string& spill_dir, const std::vector<ReferenceUpdate>* free_running,
+                          RouteThreads threads) {
   const OneIntraOpThread one;
   References out;
   const TensorMap initial = initial_weights(spec, spill_dir);
-  const Route route = floor_route(spec);
+  const Routes routes = routes_for(initial, threads);
   const bool forced = run.size() == plan.windows.size();
 
   // Free-running: the reference and the second route, each along its own trajectory.
-  if (free_running) {
-    out.free_running = *free_running;
-  } else {
-    out.free_running = reference_pass(spec, plan, initial, nullptr, spill_dir, "free");
-    floor_pass(spec, plan, initial, route, nullptr, out.free_running);
-  }
+  out.free_running = free_running ? *free_running : trajectory(spec, plan, initial, nullptr, routes, spill_dir, "free");
   if (!forced) return out;
   for (auto& r : out.free_running) r.grads.clear();  // no check reads them (grad.parity is teacher-forced)
 
   // Teacher-forced: both routes from the stack's parameters after the previous update; the
   // optimizer state of each route is built from its own gradients.
-  out.forced = reference_pass(spec, plan, initial, &run, spill_dir, "forced");
-  floor_pass(spec, plan, initial, route, &run, out.forced);
+  out.forced = trajectory(spec, plan, initial, &run, routes, spill_dir, "forced");
   return out;
 }
 
 std::vector<ReferenceUpdate> free_running_reference(const Spec& spec, const Plan& plan, const std::string& spill_dir,
-                                                    const std::atomic<bool>* stop) {
+                                                    const std::atomic<bool>* stop, RouteThreads threads) {
   const OneIntraOpThread one;
   const TensorMap initial = initial_weights(spec, spill_dir);
-  std::vector<ReferenceUpdate> out = reference_pass(spec, plan, initial, nullptr, spill_dir, "free", stop);
-  floor_pass(spec, plan, initial, floor_route(spec), nullptr, out, stop);
-  return out;
+  return trajectory(spec, plan, initial, nullptr, routes_for(initial, threads), spill_dir, "free", stop);
 }
 
 }  // namespace gradcert

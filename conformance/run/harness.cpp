@@ -489,7 +489,7 @@ void start_early_reference(EarlyReference& early, const RunRequest& req, const S
   if (reference_cache().find(spec, early.plan)) return;
   if (!ReferenceCache::keeps(spec, early.plan)) early.spill_dir = req.run_dir + "/reference";
   early.free = std::async(std::launch::async, [&early, spec] {
-    auto free = free_running_reference(spec, early.plan, early.spill_dir, &early.stop);
+    auto free = free_running_reference(spec, early.plan, early.spill_dir, &early.stop, RouteThreads::One);
     ::malloc_trim(0);  // what this thread's malloc arena freed goes back, not beside the main thread's
     return free;
   });

@@ -266,49 +266,62 @@ TEST(AllocTracker, TrainingRunsUnchangedUnderIt) {
 
 // The reference written to disk as it is computed (NOTE [streamed tensors]), and read back one
 // tensor at a time, is the held reference bit for bit (both trajectories, every floor), and
-// holds no values in memory.
+// holds no values in memory; the two routes side by side on two threads (NOTE [routes side by
+// side]) give the figures of one route after the other, held or spilled.
 TEST(StreamedReference, SpilledReferencesAreStreamedAndBitIdentical) {
-  Spec spec;
-  spec.dtype = DType::Float32;  // the second route in float32: both kinds of floor
-  const Plan plan = make_plan(spec);
-  std::vector<BackendUpdate> run;  // a "stack" that stepped as the reference did
-  for (const auto& r : run_reference(spec, plan)) {
-    BackendUpdate b;
-    b.update = r.update;
-    b.params_after = r.params_after;
-    run.push_back(std::move(b));
-  }
-  const References held = run_references(spec, plan, run);
-  const std::string dir = test::fresh_dir("gradcert_streamed", "reference");
-  const References spilled = run_references(spec, plan, run, dir);
-  ASSERT_EQ(spilled.forced.size(), plan.windows.size());
-  auto same = [](const std::vector<ReferenceUpdate>& a, const std::vector<ReferenceUpdate>& b, bool grads) {
-    ASSERT_EQ(a.size(), b.size());
-    for (size_t u = 0; u < a.size(); ++u) {
-      EXPECT_EQ(b[u].loss, a[u].loss);
-      EXPECT_EQ(b[u].floor.grad, a[u].floor.grad) << u;
-      EXPECT_EQ(b[u].floor.params, a[u].floor.params) << u;
-      EXPECT_EQ(b[u].floor.scale, a[u].floor.scale) << u;
-      EXPECT_TRUE(b[u].floor.measured);
-      for (const auto* maps : {&a[u].params_after, grads ? &a[u].grads : nullptr}) {
-        if (!maps) continue;
-        const TensorMap& other = maps == &a[u].params_after ? b[u].params_after : b[u].grads;
-        ASSERT_EQ(other.size(), maps->size());
-        for (const auto& [name, t] : *maps) {
-          const HostTensor& s = other.at(name);
-          EXPECT_TRUE(s.streamed() && s.held.empty()) << name;
-          EXPECT_FALSE(t.streamed()) << name;
-          const TensorError e = compare_tensors(s, t);
-          EXPECT_EQ(e.relative, 0.0) << "update " << u << " " << name;
-          EXPECT_EQ(e.max_abs, 0.0) << "update " << u << " " << name;
+  // The second route in float32 and in float64 (pieces): both kinds of floor.
+  for (const DType d : {DType::Float32, DType::Float64}) {
+    SCOPED_TRACE(dtype_name(d));
+    Spec spec;
+    spec.dtype = d;
+    const Plan plan = make_plan(spec);
+    std::vector<BackendUpdate> run;  // a "stack" that stepped as the reference did
+    for (const auto& r : run_reference(spec, plan)) {
+      BackendUpdate b;
+      b.update = r.update;
+      b.params_after = r.params_after;
+      run.push_back(std::move(b));
+    }
+    const References held = run_references(spec, plan, run, "", nullptr, RouteThreads::One);
+    const References held_two = run_references(spec, plan, run, "", nullptr, RouteThreads::Two);
+    const std::string dir = test::fresh_dir("gradcert_streamed", "reference_" + dtype_name(d));
+    const References spilled = run_references(spec, plan, run, dir, nullptr, RouteThreads::Two);
+    const std::string dir_one = test::fresh_dir("gradcert_streamed", "reference_one_" + dtype_name(d));
+    const References spilled_one = run_references(spec, plan, run, dir_one, nullptr, RouteThreads::One);
+    ASSERT_EQ(spilled.forced.size(), plan.windows.size());
+    auto same = [](const std::vector<ReferenceUpdate>& a, const std::vector<ReferenceUpdate>& b, bool grads,
+                   bool b_streamed = true) {
+      ASSERT_EQ(a.size(), b.size());
+      for (size_t u = 0; u < a.size(); ++u) {
+        EXPECT_EQ(b[u].loss, a[u].loss);
+        EXPECT_EQ(b[u].floor.grad, a[u].floor.grad) << u;
+        EXPECT_EQ(b[u].floor.params, a[u].floor.params) << u;
+        EXPECT_EQ(b[u].floor.scale, a[u].floor.scale) << u;
+        EXPECT_TRUE(b[u].floor.measured);
+        for (const auto* maps : {&a[u].params_after, grads ? &a[u].grads : nullptr}) {
+          if (!maps) continue;
+          const TensorMap& other = maps == &a[u].params_after ? b[u].params_after : b[u].grads;
+          ASSERT_EQ(other.size(), maps->size());
+          for (const auto& [name, t] : *maps) {
+            const HostTensor& s = other.at(name);
+            EXPECT_EQ(s.streamed() && s.held.empty(), b_streamed) << name;
+            EXPECT_FALSE(t.streamed()) << name;
+            const TensorError e = compare_tensors(s, t);
+            EXPECT_EQ(e.relative, 0.0) << "update " << u << " " << name;
+            EXPECT_EQ(e.max_abs, 0.0) << "update " << u << " " << name;
+          }
         }
       }
-    }
-  };
-  same(held.forced, spilled.forced, true);
-  same(held.free_running, spilled.free_running, false);
-  EXPECT_GT(held.forced[1].floor.grad, 0.0);  // a float32 route: the floor is measured, not zero
-  EXPECT_TRUE(std::filesystem::exists(dir + "/u0.forced.grads.safetensors"));
+    };
+    same(held.forced, spilled.forced, true);
+    same(held.free_running, spilled.free_running, false);
+    same(held.forced, spilled_one.forced, true);
+    same(held.free_running, spilled_one.free_running, false);
+    same(held.forced, held_two.forced, true, /*b_streamed=*/false);
+    same(held.free_running, held_two.free_running, false, /*b_streamed=*/false);
+    EXPECT_GT(held.forced[1].floor.grad, 0.0);  // the floor is measured, not zero
+    EXPECT_TRUE(std::filesystem::exists(dir + "/u0.forced.grads.safetensors"));
+  }
 }
 
 TEST(AllocTracker, PeakIsResettablePerPhase) {

@@ -3,12 +3,12 @@
 #include <gtest/gtest.h>
 #include <rapidcheck/gtest.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <future>
 
 #include "backends/catalog.hpp"
-#include "conformance/launch/launcher.hpp"
+#include "conformance/launch/store.hpp"
+#include "conformance/run/rank_store.hpp"
 #include "conformance/checks/checks.hpp"
 #include "conformance/model/reference.hpp"
 #include "properties/support.hpp"
@@ -21,25 +21,18 @@ namespace {
 constexpr double kCollectiveTimeoutS = 30;
 
 // NOTE [one process group per test] Rendezvous costs far more than a tiny case, so each
-// test builds its group once: one TCPStore server (rank 0) on a free port, one
+// test builds its group once: one rendezvous store (NOTE [rank store]) served by the test, one
 // ProcessGroupGloo per rank thread, built concurrently because Gloo's rendezvous blocks
 // until every rank arrives. Every collective times out after 30 s, so a bug fails the
 // case instead of hanging it. (Same construction as backends/worker.cpp.)
 class GlooGroup {
  public:
   explicit GlooGroup(int world) : world_(world) {
-    const int port = free_local_port();
     const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(kCollectiveTimeoutS * 1000));
     std::vector<std::future<c10::intrusive_ptr<c10d::Backend>>> made;
     for (int r = 0; r < world; ++r)
       made.push_back(std::async(std::launch::async, [=] {
-        c10d::TCPStoreOptions opts;
-        opts.port = static_cast<uint16_t>(port);
-        opts.isServer = r == 0;
-        opts.numWorkers = world;
-        opts.waitWorkers = false;
-        opts.timeout = timeout;
-        auto store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", opts);
+        auto store = connect_rank_store(store_.address(), timeout);
         auto pg_opts = c10d::ProcessGroupGloo::Options::create(timeout);
         pg_opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
         return c10::intrusive_ptr<c10d::Backend>(c10::make_intrusive<c10d::ProcessGroupGloo>(store, r, world, pg_opts));
@@ -91,6 +84,7 @@ class GlooGroup {
 
  private:
   int world_;
+  StoreServer store_;  // outlives the groups built on it
   std::vector<c10::intrusive_ptr<c10d::Backend>> groups_;
 };
 

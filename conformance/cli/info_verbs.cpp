@@ -35,7 +35,7 @@ Verb add_worker_verb(CLI::App& app) {
   worker->group("");  // hidden
   worker->add_option("--run-dir", args->run_dir)->required();
   worker->add_option("--backend", args->backend)->required();
-  worker->add_option("--port", args->store_port)->required();
+  worker->add_option("--store", args->store);
   worker->add_option("--inject", args->inject);
   worker->add_option("--save-at", args->save_at);
   worker->add_option("--resume-from", args->resume_from);

@@ -1,6 +1,7 @@
 #include "conformance/run/harness.hpp"
 
 #include "conformance/checks/diagnosis.hpp"
+#include "conformance/launch/store.hpp"
 #include "conformance/protocol/checkpoint.hpp"
 #include "conformance/protocol/reference_artifacts.hpp"
 #include "conformance/run/python_reference.hpp"
@@ -13,7 +14,6 @@
 #include "conformance/protocol/run_folder.hpp"
 #include "conformance/protocol/safetensors.hpp"
 
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/version.h>
 #include <malloc.h>
 #include <unistd.h>
@@ -669,24 +669,19 @@ RunReport run_backend(const RunRequest& req) {
                                  req.launcher == LauncherKind::Mpirun ? "mpirun" : "local", req.inject,
                                  req.sampler_audit, external ? req.command : "", nonce});  // NOTE [run record]
 
-  // NOTE [store] The harness serves the ranks' c10d TCPStore itself, on a port the kernel
-  // picks (port 0), for the life of the run: no rank has to win a race for a "free" port
-  // another run may take first, and no rank's death takes the store with it.
+  // NOTE [store] The harness serves the ranks' rendezvous store itself (NOTE [rank store]), on
+  // an abstract Unix socket of its own for the life of the run: no rank has to win a race for a
+  // free port another run may take first, no name is looked up, and no rank's death takes the
+  // store with it.
   auto serve_store = [&](int ranks) {
-    c10::intrusive_ptr<c10d::TCPStore> served;
-    if (external || ranks == 1) return served;
-    c10d::TCPStoreOptions opts;
-    opts.port = 0;
-    opts.isServer = true;
-    opts.waitWorkers = false;
-    opts.timeout = std::chrono::milliseconds(static_cast<int64_t>(spec.timeout.collective_s * 1000));
-    served = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", opts);
+    std::unique_ptr<StoreServer> served;
+    if (!external && ranks > 1) served = std::make_unique<StoreServer>();
     return served;
   };
-  c10::intrusive_ptr<c10d::TCPStore> store = serve_store(world);
-  auto worker_argv = [&](const std::string& backend, const c10::intrusive_ptr<c10d::TCPStore>& served) {
-    std::vector<std::string> argv = {req.exe, "worker", "--run-dir", req.run_dir, "--backend", backend,
-                                     "--port", std::to_string(served ? served->getPort() : 0)};
+  std::unique_ptr<StoreServer> store = serve_store(world);
+  auto worker_argv = [&](const std::string& backend, const std::unique_ptr<StoreServer>& served) {
+    std::vector<std::string> argv = {req.exe, "worker", "--run-dir", req.run_dir, "--backend", backend};
+    if (served) argv.insert(argv.end(), {"--store", served->address()});
     if (!req.inject.empty()) argv.insert(argv.end(), {"--inject", req.inject});
     return argv;
   };

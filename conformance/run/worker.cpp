@@ -6,7 +6,7 @@
 #include "conformance/protocol/inputs.hpp"
 #include "conformance/run/probes.hpp"
 
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include "conformance/run/rank_store.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -73,16 +73,6 @@ void maybe_corrupt(const std::string& dir, int rank, int update, bool sharded) {
 }
 
 // Every rank is a client of the store the harness serves (NOTE [store] in harness.cpp).
-c10::intrusive_ptr<c10d::Store> make_store(int world, int port, double timeout_s) {
-  c10d::TCPStoreOptions opts;
-  opts.port = static_cast<uint16_t>(port);
-  opts.isServer = false;
-  opts.numWorkers = world;
-  opts.waitWorkers = false;
-  opts.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
-  return c10::make_intrusive<c10d::TCPStore>("127.0.0.1", opts);
-}
-
 // The windows a resumed leg consumes from update `first` on: the plan's, from the sampler
 // position the checkpoint saved (`next`, a window index; `next` = first unless a planted
 // sampler bug moved it), renumbered as updates first, first + 1, ... A position past the
@@ -129,7 +119,11 @@ int worker_main(const WorkerArgs& args) {
     ctx.rank = rank;
     ctx.world = world;
     ctx.mutant = parse_mutant(args.inject);
-    if (world > 1) make_process_groups(ctx, make_store(world, args.store_port, spec.timeout.collective_s));
+    if (world > 1) {
+      if (args.store.empty()) throw std::invalid_argument("worker: --store is required when the world has more than one rank");
+      make_process_groups(ctx, connect_rank_store(args.store, std::chrono::milliseconds(static_cast<int64_t>(
+                                                                  spec.timeout.collective_s * 1000))));
+    }
     backend->setup(ctx);
     const char* nonce = std::getenv("GRADCERT_RUN_NONCE");  // NOTE [run nonce]
 

@@ -653,7 +653,26 @@ void expect_input_file(const std::string& path, nlohmann::json expected, bool ig
 
 }  // namespace
 
-RunReport run_backend(const RunRequest& req) {
+// A run whose ranks have ended, with what its checks need (launch_run, check_launched).
+struct LaunchedRun {
+  RunRequest req;
+  Spec spec;
+  Plan plan;
+  RunReport report;
+  std::string nonce;
+  LaunchResult launched;
+  std::string incomplete;  // a resumed run whose first leg saved no loadable checkpoint
+  std::unique_ptr<EarlyReference> early;
+  double launch_seconds = 0;
+};
+
+void LaunchedRunDeleter::operator()(LaunchedRun* run) const { delete run; }
+
+bool checks_start_no_process(const RunRequest& req) {
+  return req.backend != kExternalBackend && !needs_python_reference(effective_spec(req));
+}
+
+LaunchedRunPtr launch_run(const RunRequest& req, bool early_reference) {
   const auto t0 = std::chrono::steady_clock::now();
   const Spec spec = effective_spec(req);
   const Plan plan = make_plan(spec);
@@ -718,9 +737,10 @@ RunReport run_backend(const RunRequest& req) {
   }
   launch_req.timeout = std::chrono::milliseconds(static_cast<int64_t>(spec.timeout.run_s * 1000));
   launch_req.log_dir = req.run_dir;
-  EarlyReference early;  // NOTE [early reference]
-  start_early_reference(early, req, spec, plan,
-                        spec.resume.at > 0 ? std::max(world, second_leg_spec(spec).topology.world()) : world);
+  auto early = std::make_unique<EarlyReference>();  // NOTE [early reference]
+  if (early_reference)
+    start_early_reference(*early, req, spec, plan,
+                          spec.resume.at > 0 ? std::max(world, second_leg_spec(spec).topology.world()) : world);
   LaunchResult launched;
   std::string incomplete;  // a resumed run whose first leg saved no loadable checkpoint
   if (spec.resume.at > 0) {
@@ -799,7 +819,21 @@ RunReport run_backend(const RunRequest& req) {
   } else {
     launched = launch(launch_req);
   }
+  store.reset();
+  LaunchedRunPtr run(new LaunchedRun{req, spec, plan, std::move(report), nonce, std::move(launched),
+                                     std::move(incomplete), std::move(early), 0});
+  run->launch_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return run;
+}
 
+RunReport check_launched(LaunchedRunPtr run) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const RunRequest& req = run->req;
+  const Spec& spec = run->spec;
+  const Plan& plan = run->plan;
+  const bool external = req.backend == kExternalBackend;
+  const LaunchResult& launched = run->launched;
+  RunReport& report = run->report;
   report.interrupted = launched.interrupted;
   if (!launched.ok) {
     report.error = launched.message;
@@ -810,20 +844,24 @@ RunReport run_backend(const RunRequest& req) {
         if (auto at = report.error.find(from); at != std::string::npos) report.error.replace(at, from.size(), to);
       report.error += stack_traceback(req.run_dir + "/rank0.log");
     }
-  } else if (!incomplete.empty()) {
+  } else if (!run->incomplete.empty()) {
     CheckResult c;
     c.id = "resume.checkpoint";
     c.verdict = Verdict::Fail;
     c.figure = 1;
-    c.detail = incomplete + " (the second leg was not started: nothing else is judged)";
+    c.detail = run->incomplete + " (the second leg was not started: nothing else is judged)";
     report.checks.push_back(c);
   } else {
-    check_artifacts(report, req, spec, plan, nonce, req.run_dir, &early);
+    check_artifacts(report, req, spec, plan, run->nonce, req.run_dir, run->early.get());
   }
   if (!report.interrupted) report.interrupted = interrupt_signal();
-  report.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return report;
+  run->early.reset();  // its thread is joined and its spill removed before the run counts as checked
+  report.wall_seconds =
+      run->launch_seconds + std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return std::move(report);
 }
+
+RunReport run_backend(const RunRequest& req) { return check_launched(launch_run(req)); }
 
 CheckedRun check_run(const CheckRequest& c) {
   const auto t0 = std::chrono::steady_clock::now();

@@ -1,6 +1,7 @@
 // The harness: plan -> reference -> launched backend ranks -> artifacts -> checks, and the
 // same checks again on a run folder's artifacts (check_run).
 #pragma once
+#include <memory>
 #include <string>
 
 #include "conformance/core/result.hpp"
@@ -33,6 +34,24 @@ Spec effective_spec(const RunRequest& request);
 /// (a rank died, hung, or wrote bad artifacts) does not throw: RunReport::error says
 /// what happened and names the rank or file.
 RunReport run_backend(const RunRequest& request);
+
+/// run_backend in two halves: launch_run prepares the run folder and runs the ranks (throwing
+/// as run_backend does for bad input); check_launched reads their artifacts and runs the checks.
+/// `certify` runs one run's checks while the next (planted-bug) run's ranks train (NOTE
+/// [checks beside the next launch] in certify.cpp). `early_reference` false: no reference
+/// thread is started beside the ranks (NOTE [early reference]).
+struct LaunchedRun;
+struct LaunchedRunDeleter {
+  void operator()(LaunchedRun* run) const;
+};
+using LaunchedRunPtr = std::unique_ptr<LaunchedRun, LaunchedRunDeleter>;
+LaunchedRunPtr launch_run(const RunRequest& request, bool early_reference = true);
+RunReport check_launched(LaunchedRunPtr run);
+
+/// Whether the checks of `request` start no process (a built-in backend checked against the C++
+/// reference): only such checks may run while a launch is in progress, since a launch ends by
+/// killing every process left below gradcert (NOTE [orphans]).
+bool checks_start_no_process(const RunRequest& request);
 
 /// A run folder to check again (`gradcert check`).
 struct CheckRequest {

@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <future>
+#include <tuple>
 
 #include "conformance/tests/support.hpp"
 #include "backends/catalog.hpp"
@@ -187,6 +189,38 @@ TEST(ConformancePipeline, OneFOneBAndGpipeBothMatchTheReference) {
     ASSERT_TRUE(r.error.empty()) << schedule << ": " << r.error;
     EXPECT_TRUE(r.passed()) << schedule << ": " << failures(r);
   }
+}
+
+// One run's checks on a thread while a planted-bug run's ranks train (NOTE [checks beside the
+// next launch]) give the figures of the one-after-the-other order, and the bug is still caught.
+TEST(ConformanceOverlap, ChecksBesideTheNextLaunchGiveTheSameFigures) {
+  RunRequest correct = request("ddp", 2, 2, DType::Float64, "overlap_correct");
+  RunRequest mutant = request("ddp", 2, 2, DType::Float64, "overlap_mutant");
+  mutant.inject = "local-mean";
+  ASSERT_TRUE(checks_start_no_process(correct));
+  auto figures = [](const RunReport& r) {
+    std::vector<std::tuple<std::string, double, std::string, double>> out;
+    for (const auto& c : r.checks)
+      if (c.id.rfind("memory.", 0) != 0) out.emplace_back(c.id, c.figure, verdict_name(c.verdict), c.tolerance);
+    return out;
+  };
+  const RunReport alone_correct = run_backend(correct), alone_mutant = run_backend(mutant);
+  ASSERT_TRUE(alone_correct.error.empty()) << alone_correct.error;
+  ASSERT_TRUE(alone_correct.passed()) << failures(alone_correct);
+  ASSERT_FALSE(alone_mutant.detected_by().empty());
+
+  correct.run_dir = fresh_dir("overlap_correct2");
+  mutant.run_dir = fresh_dir("overlap_mutant2");
+  LaunchedRunPtr first = launch_run(correct);
+  auto checking = std::async(std::launch::async, [run = std::move(first)]() mutable { return check_launched(std::move(run)); });
+  LaunchedRunPtr second = launch_run(mutant, /*early_reference=*/false);  // beside the first run's checks
+  const RunReport beside_correct = checking.get();
+  const RunReport beside_mutant = check_launched(std::move(second));
+  ASSERT_TRUE(beside_correct.error.empty()) << beside_correct.error;
+  EXPECT_TRUE(beside_correct.passed()) << failures(beside_correct);
+  EXPECT_EQ(figures(beside_correct), figures(alone_correct));
+  EXPECT_EQ(figures(beside_mutant), figures(alone_mutant));
+  EXPECT_EQ(beside_mutant.detected_by(), alone_mutant.detected_by());
 }
 
 TEST(ConformanceFailure, KilledRankFailsTheRunNamingIt) {

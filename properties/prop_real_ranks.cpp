@@ -24,7 +24,7 @@ constexpr double kCollectiveTimeoutS = 30;
 // test builds its group once: one rendezvous store (NOTE [rank store]) served by the test, one
 // ProcessGroupGloo per rank thread, built concurrently because Gloo's rendezvous blocks
 // until every rank arrives. Every collective times out after 30 s, so a bug fails the
-// case instead of hanging it. (Same construction as backends/worker.cpp.)
+// case instead of hanging it. (Same construction as conformance/run/worker.cpp.)
 class GlooGroup {
  public:
   explicit GlooGroup(int world) : world_(world) {

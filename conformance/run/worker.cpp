@@ -72,7 +72,6 @@ void maybe_corrupt(const std::string& dir, int rank, int update, bool sharded) {
   std::filesystem::resize_file(path, std::filesystem::file_size(path) - 8);
 }
 
-// Every rank is a client of the store the harness serves (NOTE [store] in harness.cpp).
 // The windows a resumed leg consumes from update `first` on: the plan's, from the sampler
 // position the checkpoint saved (`next`, a window index; `next` = first unless a planted
 // sampler bug moved it), renumbered as updates first, first + 1, ... A position past the
@@ -119,7 +118,7 @@ int worker_main(const WorkerArgs& args) {
     ctx.rank = rank;
     ctx.world = world;
     ctx.mutant = parse_mutant(args.inject);
-    if (world > 1) {
+    if (world > 1) {  // every rank is a client of the store the harness serves (NOTE [store] in harness.cpp)
       if (args.store.empty()) throw std::invalid_argument("worker: --store is required when the world has more than one rank");
       make_process_groups(ctx, connect_rank_store(args.store, std::chrono::milliseconds(static_cast<int64_t>(
                                                                   spec.timeout.collective_s * 1000))));

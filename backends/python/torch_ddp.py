@@ -7,20 +7,18 @@ DDP all-reduces gradients and divides by the world size (= D here: data parallel
 so each microstep backpropagates D * S_{r,a} / N; microsteps 0..A-2 run under no_sync()
 (gradients accumulate locally), the last one triggers the all-reduce of the accumulated
 gradient. The model is the plan's (spec.model.factory, else the built-in tiny LM).
-See backends/PROTOCOL.md; the planted bugs (--mutant) are in gradcert_ref/mutants.py.
+See backends/PROTOCOL.md; the planted bugs (--mutant) are in gradcert/ref/mutants.py.
 """
 
 import argparse
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
 import torch  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
-import gradcert_model as gm  # noqa: E402
-from gradcert_ref import client  # noqa: E402
+from gradcert import tiny_lm as gm  # noqa: E402
+from gradcert.ref import client  # noqa: E402
 
 ADAPTER = "torch-ddp"
 

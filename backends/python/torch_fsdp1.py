@@ -4,7 +4,7 @@
              --master_port=$GRADCERT_MASTER_PORT backends/python/torch_fsdp1.py [--mutant ID]
 
 One FSDP unit per block (the tiny LM's blocks; for a factory's model the modules of
-gradcert_ref.factory.units()) plus the root, FULL_SHARD, use_orig_params (so parameters
+gradcert.ref.factory.units()) plus the root, FULL_SHARD, use_orig_params (so parameters
 keep their canonical names and the optimizer sees them). FSDP1 divides the
 reduce-scattered gradient by the world size once (pre/post divide factors whose product
 is D), so each microstep backpropagates D*S/N; microsteps 0..A-2 run under no_sync(). A
@@ -27,15 +27,13 @@ import os
 import sys
 import traceback
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
 import torch  # noqa: E402
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP  # noqa: E402
 from torch.distributed.fsdp import MixedPrecision, ShardingStrategy  # noqa: E402
 from torch.distributed.fsdp.wrap import lambda_auto_wrap_policy  # noqa: E402
 
-import gradcert_model as gm  # noqa: E402
-from gradcert_ref import client, factory  # noqa: E402
+from gradcert import tiny_lm as gm  # noqa: E402
+from gradcert.ref import client, factory  # noqa: E402
 
 ADAPTER = "torch-fsdp1"
 WRAP_PREFIX = "_fsdp_wrapped_module."

@@ -4,7 +4,7 @@
              --master_port=$GRADCERT_MASTER_PORT backends/python/torch_fsdp2.py [--mutant ID]
 
 fully_shard on every unit (the tiny LM's blocks; for a factory's model
-gradcert_ref.factory.units()), then on the root (the tiny LM: wte, wpe, ln_f, lm_head).
+gradcert.ref.factory.units()), then on the root (the tiny LM: wte, wpe, ln_f, lm_head).
 Parameters are DTensors sharded on dim 0 over the D ranks; the optimizer steps the local
 shards.
 
@@ -21,7 +21,7 @@ Gradient accumulation: microsteps 0..A-2 run with set_requires_gradient_sync(Fal
 FSDP2 accumulates unsharded gradients locally and reduce-scatters the sum on microstep
 A-1 (FSDP1's no_sync). The forward still all-gathers parameters on every microstep, so a
 rank with an empty microbatch runs a zero-loss forward/backward on every microstep
-(NOTE [empty microbatch] in gradcert_model.py).
+(NOTE [empty microbatch] in gradcert/tiny_lm.py).
 
 Artifacts: per-rank shards (NOTE [shard artifacts], backends/PROTOCOL.md): every rank writes
 the local pieces of its DTensor gradients and parameters with their placement, outside the
@@ -33,15 +33,13 @@ import argparse
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
 import torch  # noqa: E402
 from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # noqa: E402
 from torch.distributed.tensor import DTensor  # noqa: E402
 
-import gradcert_model as gm  # noqa: E402
-from gradcert_ref import client, factory  # noqa: E402
+from gradcert import tiny_lm as gm  # noqa: E402
+from gradcert.ref import client, factory  # noqa: E402
 
 ADAPTER = "torch-fsdp2"
 

@@ -28,8 +28,10 @@ namespace {
 std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
 
 // A side never started: gradcert was interrupted while the other ran (NOTE [interrupt]).
-RunReport not_run(const RunRequest& r, const Plan& plan, int sig) {
-  const Spec spec = effective_spec(r);
+RunReport not_run(const RunPlan& run, int sig) {
+  const RunRequest& r = run.request;
+  const Spec& spec = run.spec;
+  const Plan& plan = run.plan;
   RunReport out;
   out.backend = r.backend;
   out.topology = spec.topology;
@@ -69,21 +71,23 @@ AuditReport run_audit(const AuditRequest& q, std::ostream& progress) {
     r.inject = s.backend == kExternalBackend ? "" : s.inject;
     r.command = s.command;
     r.exe = q.exe;
-    const Spec eff = effective_spec(r);
+    RunPlan run = make_run_plan(r);  // NOTE [run plan]
+    const Spec& eff = run.spec;
     std::string dir = role + "-" + s.label + "-w" + std::to_string(eff.topology.world()) + "-" +
                       dtype_name(eff.dtype) + "-" + eff.optimizer.name;
     if (!s.inject.empty()) dir += "-" + s.inject;
-    r.run_dir = q.out_dir + "/runs/" + dir;
-    return r;
+    run.request.run_dir = q.out_dir + "/runs/" + dir;
+    return run;
   };
-  const RunRequest rb = request(rep.before_side, "before"), ra = request(rep.after_side, "after");
-  const Spec spec = effective_spec(rb);
-  const Plan plan = make_plan(spec);
+  const RunPlan pb = request(rep.before_side, "before"), pa = request(rep.after_side, "after");
+  const RunRequest &rb = pb.request, &ra = pa.request;
+  const Spec& spec = pb.spec;
+  const Plan& plan = pb.plan;
   rep.tolerance = spec.parity_tolerance();
   rep.spec_json = spec_to_json(spec);
   rep.notes = migration_notes(rep.before_side.label, rep.after_side.label, spec, plan);
 
-  auto run_side = [&](const RunRequest& r, const AuditSide& s, const std::string& role, int k) {
+  auto run_side = [&](const RunPlan& r, const AuditSide& s, const std::string& role, int k) {
     RunReport out = run_backend(r);
     out.inject = s.inject;  // adapters: the --wrong flag (the harness sees a plain external run)
     char line[512];
@@ -94,16 +98,16 @@ AuditReport run_audit(const AuditRequest& q, std::ostream& progress) {
     progress << line << std::flush;
     return out;
   };
-  rep.before = run_side(rb, rep.before_side, "before", 1);
+  rep.before = run_side(pb, rep.before_side, "before", 1);
   if (const int sig = interrupt_signal()) {  // NOTE [interrupt]: the after side is not started
-    rep.after = not_run(ra, plan, sig);
+    rep.after = not_run(pa, sig);
     rep.after.inject = rep.after_side.inject;
     char line[512];
     std::snprintf(line, sizeof line, "# [2/2] %-6s %-12s not run (interrupted by %s)\n", "after",
                   side_title(rep.after_side).c_str(), signal_text(sig).c_str());
     progress << line << std::flush;
   } else {
-    rep.after = run_side(ra, rep.after_side, "after", 2);
+    rep.after = run_side(pa, rep.after_side, "after", 2);
   }
   rep.interrupted = interrupt_signal();
   rep.environment = make_environment(spec.seed, spec.topology.world(), q.launcher);

@@ -43,6 +43,16 @@ void clear_previous_report(const std::string& dir) {
   }
 }
 
+// FILE.py:FUNC relative to where gradcert was started: the runner and the stack run elsewhere.
+std::string absolute_factory(const std::string& model) {
+  const auto colon = model.rfind(':');
+  std::error_code ec;
+  if (colon != std::string::npos && colon > 3 && model.compare(colon - 3, 3, ".py") == 0 &&
+      std::filesystem::exists(model.substr(0, colon), ec))
+    return std::filesystem::absolute(model.substr(0, colon), ec).string() + model.substr(colon);
+  return model;
+}
+
 std::string report_dir(const CommonOptions& o) { return o.out.empty() ? new_report_dir("reports/out") : o.out; }
 
 std::string interrupted_line(int sig) {

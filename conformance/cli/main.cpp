@@ -19,7 +19,7 @@ int dispatch(int argc, char** argv) {
                "same data as one process would?"};
   app.require_subcommand(1);
   CommonOptions o;
-  std::vector<Verb> verbs = {add_run_verb(app, o), add_check_verb(app, o), add_plan_verb(app, o),
+  std::vector<Verb> verbs = {add_run_verb(app, o), add_observe_verb(app, o), add_check_verb(app, o), add_plan_verb(app, o),
                              add_certify_verb(app, o), add_audit_verb(app, o)};
   for (auto& v : add_info_verbs(app)) verbs.push_back(std::move(v));
   verbs.push_back(add_findings_verb(app));
@@ -29,9 +29,10 @@ int dispatch(int argc, char** argv) {
 
   // Before anything can fail, a bad option included (NOTE [stale report]).
   const std::string verb = argc > 1 ? argv[1] : "";
-  if (verb == "run" || verb == "certify" || verb == "check" || verb == "audit")
+  if (verb == "run" || verb == "certify" || verb == "check" || verb == "audit" || verb == "observe")
     for (int i = 2; i < argc; ++i) {
       const std::string a = argv[i];
+      if (a == "--") break;  // `observe -- CMD`: the job's own options are not gradcert's
       std::string dir = a == "--out" && i + 1 < argc ? argv[i + 1] : a.rfind("--out=", 0) == 0 ? a.substr(6) : "";
       if (dir.empty()) continue;
       try {

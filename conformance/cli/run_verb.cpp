@@ -21,16 +21,6 @@ struct RunOptions {
   std::string resume_backend, resume_command;
 };
 
-// FILE.py:FUNC relative to where gradcert was started: the runner and the stack run elsewhere.
-std::string absolute_factory(const std::string& model) {
-  const auto colon = model.rfind(':');
-  std::error_code ec;
-  if (colon != std::string::npos && colon > 3 && model.compare(colon - 3, 3, ".py") == 0 &&
-      std::filesystem::exists(model.substr(0, colon), ec))
-    return std::filesystem::absolute(model.substr(0, colon), ec).string() + model.substr(colon);
-  return model;
-}
-
 }  // namespace
 
 Verb add_run_verb(CLI::App& app, CommonOptions& o) {
@@ -85,12 +75,13 @@ Verb add_run_verb(CLI::App& app, CommonOptions& o) {
             req.command = r->command;
             req.sampler_audit = r->sampler_audit;
             req.exe = self_exe();
+            RunPlan planned = make_run_plan(req);  // NOTE [run plan]: the one derivation of this run
             const std::string dir = report_dir(o);
-            req.run_dir = dir + "/runs/" + run_dir_name(req);
+            planned.request.run_dir = dir + "/runs/" + run_dir_name(planned);
             Report report;
-            report.spec_json = spec_to_json(effective_spec(req));
-            report.runs.push_back(run_backend(req));
-            report.environment = make_environment(req.spec.seed, effective_spec(req).topology.world(), req.launcher);
+            report.spec_json = spec_to_json(planned.spec);
+            report.runs.push_back(run_backend(planned));
+            report.environment = make_environment(req.spec.seed, planned.spec.topology.world(), req.launcher);
             return finish(report, dir);
           }};
 }

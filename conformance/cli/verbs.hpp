@@ -41,6 +41,9 @@ Spec spec_with_overrides(const CommonOptions& o);
 LauncherKind launcher_from(const std::string& name);
 /// Removes an earlier report from --out (NOTE [stale report]).
 void clear_previous_report(const std::string& dir);
+/// FILE.py:FUNC made absolute (relative to where gradcert was started: the runner and the stack
+/// run elsewhere); module:FUNC as given.
+std::string absolute_factory(const std::string& model);
 /// --out, or a new reports/out/<timestamp> folder.
 std::string report_dir(const CommonOptions& o);
 /// Prints the console table, writes the report files into `dir`, and returns the exit code.
@@ -49,6 +52,8 @@ int finish(const Report& report, const std::string& dir);
 std::string interrupted_line(int sig);
 
 Verb add_run_verb(CLI::App& app, CommonOptions& o);
+/// `gradcert observe -- CMD`: the user's own training job, certified on what it did.
+Verb add_observe_verb(CLI::App& app, CommonOptions& o);
 /// `gradcert check RUN_DIR`: a run folder's artifacts checked again, no rank launched.
 Verb add_check_verb(CLI::App& app, CommonOptions& o);
 Verb add_plan_verb(CLI::App& app, CommonOptions& o);

@@ -116,12 +116,13 @@ Spec second_leg_spec(const Spec& spec) {
 }
 
 Plan resumed_plan(const Spec& spec) {
-  Plan p = make_plan(spec);
-  const Spec second = second_leg_spec(spec);
-  if (spec.resume.at == 0 || (second.topology.dp == spec.topology.dp && second.batch.micro == spec.batch.micro &&
-                              second.batch.accum == spec.batch.accum))
-    return p;
-  const Plan q = make_plan(second);
+  if (spec.resume.at == 0) return make_plan(spec);
+  return resumed_plan(spec, make_plan(spec), make_plan(second_leg_spec(spec)));
+}
+
+Plan resumed_plan(const Spec& spec, const Plan& first, const Plan& q) {
+  Plan p = first;
+  if (spec.resume.at == 0 || (q.dp == p.dp && q.micro == p.micro && q.accum == p.accum)) return p;
   for (size_t u = static_cast<size_t>(spec.resume.at); u < p.windows.size(); ++u) {
     if (q.windows.at(u).ids != p.windows[u].ids)  // the same B_update and order: never
       throw SpecError("resume.world", "the second leg's window " + std::to_string(u) + " holds other examples");

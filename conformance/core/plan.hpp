@@ -59,6 +59,8 @@ Spec second_leg_spec(const Spec& spec);
 /// after it (the same examples per window; their split over ranks may differ). The plan-level
 /// topology is the first leg's. Without resume: make_plan(spec).
 Plan resumed_plan(const Spec& spec);
+/// The same from the two legs' plans already made (make_plan(spec), make_plan(second_leg_spec(spec))).
+Plan resumed_plan(const Spec& spec, const Plan& first, const Plan& second);
 
 /// Human-readable plan: per update, per rank, per microstep: ids, tokens, valid targets, N.
 std::string plan_to_text(const Plan& plan);

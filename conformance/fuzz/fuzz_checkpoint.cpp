@@ -1,5 +1,5 @@
 // Fuzz target: checkpoint.json, the record a resumed run's first leg leaves (NOTE [checkpoint
-// format]; for external stacks gradcert_ref.dcp_export writes it from the stack's gradcert.json).
+// format]; for external stacks gradcert.ref.dcp_export writes it from the stack's gradcert.json).
 // Any exception but ArtifactError, and any crash, is a finding.
 #include "conformance/fuzz/fuzz_target.hpp"
 #include "conformance/protocol/checkpoint.hpp"

@@ -40,7 +40,7 @@ enum class RouteThreads { Auto, One, Two };
 /// returned tensors. Throws ArtifactError naming the update and tensor when the
 /// stack's parameters cannot be loaded, or the file when the folder cannot be written.
 /// `free_running`, when given, is that half already computed for this spec and plan
-/// (free_running_reference's; NOTE [reference cache] in harness.cpp): copied, not recomputed.
+/// (free_running_reference's; NOTE [reference cache] in conformance/run/reference_source.hpp): copied, not recomputed.
 References run_references(const Spec& spec, const Plan& plan, const std::vector<BackendUpdate>& run,
                           const std::string& spill_dir = "",
                           const std::vector<ReferenceUpdate>* free_running = nullptr,

@@ -1,4 +1,4 @@
-// The reference runner's artifacts read back (backends/python/gradcert_ref/reference.py writes
+// The reference runner's artifacts read back (backends/python/gradcert/ref/reference.py writes
 // them in the protocol's format): per update the loss, N, the gradient and the parameters after
 // the step, and per (DP rank, microstep) piece the gradient of its loss sum.
 #pragma once

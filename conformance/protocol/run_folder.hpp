@@ -1,5 +1,5 @@
 // A run folder: emptied at the start of every run, marked as gradcert's, and carrying the
-// run's nonce (NOTE [run nonce] in artifacts.cpp).
+// run's nonce (NOTE [run nonce] in fields.hpp).
 #pragma once
 #include <string>
 

@@ -1,7 +1,5 @@
 #include "conformance/run/certify.hpp"
 
-#include "backends/catalog.hpp"
-
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -26,10 +24,10 @@ namespace fs = std::filesystem;
 // partial window too. Mutants that need data parallelism run where there is some
 // (StrategyInfo::mutant_world: TP x DP, PP x DP).
 
-std::vector<RunRequest> certify_matrix(const CertifyOptions& o) {
-  std::vector<RunRequest> out;
-  auto add = [&](const std::string& backend, const CertifyTopology& t, const std::string& optimizer, DType dtype,
-                 const std::string& inject) {
+std::vector<RunPlan> certify_matrix(const CertifyOptions& o) {
+  std::vector<RunPlan> out;
+  auto request = [&](const std::string& backend, const CertifyTopology& t, const std::string& optimizer, DType dtype,
+                     const std::string& inject) {
     RunRequest r;
     r.spec = o.spec;
     r.spec.optimizer.name = optimizer;
@@ -42,9 +40,14 @@ std::vector<RunRequest> certify_matrix(const CertifyOptions& o) {
     r.launcher = o.launcher;
     r.inject = inject;
     r.exe = o.exe;
-    r.run_dir = o.out_dir + "/runs/" + run_dir_name(r);
-    out.push_back(r);
+    return r;
   };
+  auto plan = [&](const RunRequest& r) {
+    out.push_back(make_run_plan(r));  // NOTE [run plan]
+    out.back().request.run_dir = o.out_dir + "/runs/" + run_dir_name(out.back());
+  };
+  auto add = [&](const std::string& backend, const CertifyTopology& t, const std::string& optimizer, DType dtype,
+                 const std::string& inject) { plan(request(backend, t, optimizer, dtype, inject)); };
   const std::string base_opt = o.spec.optimizer.name;
   const std::string other_opt = base_opt == "sgd" ? "adamw" : "sgd";
   const auto& all = strategies();
@@ -57,21 +60,20 @@ std::vector<RunRequest> certify_matrix(const CertifyOptions& o) {
   // Resumed runs (NOTE [resume]): every strategy saves and resumes at its primary topology,
   // with AdamW (moments and a step counter to lose), at the last update inside an epoch (a
   // sampler that restarts its epoch then repeats examples); none when the plan has one update.
+  // The resume point comes from the run's plan without a resume (its windows; the same examples
+  // either way); a checkpoint mutant is only valid once resume.at is set, so that plan is not
+  // validated.
   auto resume_point = [&](const RunRequest& r) {
-    const Plan plan = make_plan(effective_spec(r));
+    const Plan unresumed = make_plan(effective_spec(r));
     int at = 0;
-    for (const auto& w : plan.windows)
+    for (const auto& w : unresumed.windows)
       if (w.update > 0 && w.index_in_epoch > 0) at = w.update;
-    return at > 0 ? at : static_cast<int>(plan.windows.size()) - 1;
+    return at > 0 ? at : static_cast<int>(unresumed.windows.size()) - 1;
   };
   auto add_resumed = [&](const StrategyInfo& s, const CertifyTopology& t, const std::string& inject) {
-    add(s.name, t, "adamw", o.spec.dtype, inject);
-    out.back().spec.resume.at = resume_point(out.back());
-    if (out.back().spec.resume.at < 1) {
-      out.pop_back();
-      return;
-    }
-    out.back().run_dir = o.out_dir + "/runs/" + run_dir_name(out.back());
+    RunRequest r = request(s.name, t, "adamw", o.spec.dtype, inject);
+    r.spec.resume.at = resume_point(r);
+    if (r.spec.resume.at >= 1) plan(r);
   };
   for (const auto* s : all) add_resumed(*s, s->primary, "");
   if (o.mutants)
@@ -111,7 +113,7 @@ Report run_certify(const CertifyOptions& o, std::ostream& progress) {
   const auto started = std::chrono::steady_clock::now();
   size_t done = 0;
   auto keep = [&](size_t i, RunReport r) {
-    const auto& req = requests[i];
+    const RunRequest& req = requests[i].request;
     max_world = std::max(max_world, r.topology.world());
     const bool good = req.inject.empty() ? r.passed() : (r.error.empty() && !r.detected_by().empty());
     char line[256];
@@ -136,11 +138,11 @@ Report run_certify(const CertifyOptions& o, std::ostream& progress) {
     if (checking.valid()) keep(checking_run, checking.get());
   };
   for (size_t i = 0; i < requests.size() && !interrupt_signal(); ++i) {  // NOTE [interrupt]
-    const auto& req = requests[i];
-    if (req.inject.empty()) join();  // a correct run's ranks run alone
+    const RunPlan& req = requests[i];
+    if (req.request.inject.empty()) join();  // a correct run's ranks run alone
     LaunchedRunPtr launched = launch_run(req, !checking.valid());
     join();
-    if (checks_start_no_process(req) && i + 1 < requests.size() && !requests[i + 1].inject.empty()) {
+    if (checks_start_no_process(req) && i + 1 < requests.size() && !requests[i + 1].request.inject.empty()) {
       checking = std::async(std::launch::async, [run = std::move(launched)]() mutable { return check_launched(std::move(run)); });
       checking_run = i;
     } else {
@@ -189,8 +191,9 @@ std::string new_report_dir(const std::string& root) {
   return root + "/" + name;
 }
 
-std::string run_dir_name(const RunRequest& r) {
-  const Spec s = effective_spec(r);
+std::string run_dir_name(const RunPlan& plan) {
+  const RunRequest& r = plan.request;
+  const Spec& s = plan.spec;
   std::string n = r.backend + "-w" + std::to_string(s.topology.world());
   if (s.topology.tp > 1) n += "-tp" + std::to_string(s.topology.tp);
   if (s.topology.pp > 1) n += "-pp" + std::to_string(s.topology.pp) + "-" + s.pipeline.schedule;

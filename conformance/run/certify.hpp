@@ -18,7 +18,7 @@ struct CertifyOptions {
 /// The runs certify makes: single at world 1 and ddp at worlds 2 and 3 with the spec as
 /// given; AdamW variants (params parity under a second optimizer); a float32 variant when
 /// the spec is float64; and, with mutants, each backend's mutants on the spec.
-std::vector<RunRequest> certify_matrix(const CertifyOptions& options);
+std::vector<RunPlan> certify_matrix(const CertifyOptions& options);
 
 /// Runs the matrix, printing one progress line per run to `progress`.
 Report run_certify(const CertifyOptions& options, std::ostream& progress);
@@ -27,6 +27,6 @@ Report run_certify(const CertifyOptions& options, std::ostream& progress);
 std::string new_report_dir(const std::string& root);
 
 /// A folder name for one run: backend-w<world>-<dtype>-<optimizer>[-<inject>].
-std::string run_dir_name(const RunRequest& request);
+std::string run_dir_name(const RunPlan& run);
 
 }  // namespace gradcert

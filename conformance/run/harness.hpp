@@ -6,34 +6,17 @@
 
 #include "conformance/core/result.hpp"
 #include "conformance/launch/launcher.hpp"
+#include "conformance/run/run_plan.hpp"
 
 namespace gradcert {
-
-/// One backend run to certify.
-struct RunRequest {
-  Spec spec;
-  std::string backend;
-  int world = 0;  ///< 0: spec.topology's world; otherwise dp = world / (tp x pp)
-  int tp = 0, pp = 0;  ///< 0: spec.topology's
-  LauncherKind launcher = LauncherKind::Local;
-  std::string inject;   ///< a planted bug, "" for none
-  std::string run_dir;  ///< created; receives spec.json, plan.json, artifacts, rank logs
-  std::string exe;      ///< the gradcert executable the ranks run (`gradcert worker`)
-  /// backend "external": the shell command that runs the foreign stack (backends/PROTOCOL.md).
-  std::string command;
-  /// backend "external": the stack samples on its own and reports the ids it consumed;
-  /// the reference is recomputed from those ids (duplicates and gaps are findings).
-  bool sampler_audit = false;
-};
-
-/// The spec with the request's topology applied (throws SpecError naming topology.*).
-Spec effective_spec(const RunRequest& request);
 
 /// Runs the backend and its checks. Bad input (unknown backend, topology it cannot run,
 /// unknown mutant, bad spec) throws std::invalid_argument or SpecError. A failed run
 /// (a rank died, hung, or wrote bad artifacts) does not throw: RunReport::error says
 /// what happened and names the rank or file.
 RunReport run_backend(const RunRequest& request);
+/// The same for a request already planned (make_run_plan): nothing is derived again.
+RunReport run_backend(const RunPlan& run);
 
 /// run_backend in two halves: launch_run prepares the run folder and runs the ranks (throwing
 /// as run_backend does for bad input); check_launched reads their artifacts and runs the checks.
@@ -46,12 +29,25 @@ struct LaunchedRunDeleter {
 };
 using LaunchedRunPtr = std::unique_ptr<LaunchedRun, LaunchedRunDeleter>;
 LaunchedRunPtr launch_run(const RunRequest& request, bool early_reference = true);
+LaunchedRunPtr launch_run(const RunPlan& run, bool early_reference = true);
 RunReport check_launched(LaunchedRunPtr run);
 
-/// Whether the checks of `request` start no process (a built-in backend checked against the C++
+/// Whether the checks of `run` start no process (a built-in backend checked against the C++
 /// reference): only such checks may run while a launch is in progress, since a launch ends by
 /// killing every process left below gradcert (NOTE [orphans]).
-bool checks_start_no_process(const RunRequest& request);
+bool checks_start_no_process(const RunPlan& run);
+
+/// The report's identity fields of a run (backend, topology, dtype, updates, ...), no checks yet.
+RunReport report_of(const RunPlan& run);
+
+/// A crashed stack's Python traceback (torchrun's own summary says only that a child failed):
+/// the first traceback in the command's output `log`, up to 40 lines, with the log's path; "" if none.
+std::string stack_traceback(const std::string& log);
+/// A launch of one command that starts its own ranks (an external stack, an observed job) failed:
+/// the launcher's message with "rank 0" said as `who` (its log tail as `output`), and the command's
+/// first traceback.
+std::string command_failure(const std::string& message, const std::string& who, const std::string& output,
+                            const std::string& run_dir);
 
 /// A run folder to check again (`gradcert check`).
 struct CheckRequest {

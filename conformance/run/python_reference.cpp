@@ -32,25 +32,26 @@ bool needs_python_reference(const Spec& spec) {
 }
 
 void run_python_tool(const Spec& spec, const std::string& module, const std::string& args, const std::string& log_dir,
-                     const std::string& log_name) {
-  const std::string root = locate_repo_root("");
-  const std::string py = root + "/.venv/bin/python";
-  if (!fs::exists(py)) throw std::invalid_argument(py + " is missing: run scripts/bootstrap for the venv");
+                     const std::string& log_name, const std::string& python) {
+  const std::string py = python.empty() ? locate_repo_root("") + "/.venv/bin/python" : python;
+  if (!fs::exists(py))
+    throw std::invalid_argument(py + " is missing" + (python.empty() ? ": run scripts/bootstrap for the venv" : ""));
   LaunchRequest req;
   req.world = 1;
   req.rank_env = false;
-  req.argv = {"/bin/sh", "-c", "exec '" + py + "' -m gradcert_ref." + module + " " + args};
-  req.env = {{"PYTHONPATH", root + "/backends/python"}, {"OMP_NUM_THREADS", "1"}};
+  // The gradcert package is installed into the venv (scripts/bootstrap: editable): no PYTHONPATH.
+  req.argv = {"/bin/sh", "-c", "exec '" + py + "' -m gradcert.ref." + module + " " + args};
+  req.env = {{"OMP_NUM_THREADS", "1"}};
   req.timeout = std::chrono::milliseconds(static_cast<int64_t>(spec.timeout.run_s * 1000));
   const std::string dir = log_dir + "/" + log_name;
   req.log_dir = dir;
   const LaunchResult r = launch(req);
   if (!r.ok) {
     std::string msg = r.message;
-    const std::string who = module == "reference" ? "the reference runner " : "gradcert_ref." + module + " ";
+    const std::string who = module == "reference" ? "the reference runner " : "gradcert.ref." + module + " ";
     if (auto at = msg.find("rank 0 "); at != std::string::npos) msg.replace(at, 7, who);
     if (auto at = msg.find("--- rank 0 log tail ---"); at != std::string::npos) msg.replace(at, 23, "--- its log tail ---");
-    throw std::runtime_error("gradcert_ref." + module + " failed (log " + dir + "/rank0.log): " + msg);
+    throw std::runtime_error("gradcert.ref." + module + " failed (log " + dir + "/rank0.log): " + msg);
   }
 }
 

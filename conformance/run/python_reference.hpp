@@ -1,4 +1,4 @@
-// The user's own model: gradcert's Python reference runner (backends/python/gradcert_ref) makes
+// The user's own model: gradcert's Python reference runner (backends/python/gradcert/ref) makes
 // the initial weights from the model factory and computes the float64 reference, in the
 // protocol's artifact format, which the harness reads like a stack's.
 #pragma once
@@ -17,10 +17,10 @@ std::string locate_repo_root(const std::string& exe);
 /// trains the tiny LM without clipping).
 bool needs_python_reference(const Spec& spec);
 
-/// Runs `python -m gradcert_ref.<module> <args>` with the checkout's venv, its log in
-/// `log_dir/<log_name>.log`, within the spec's run timeout. Throws std::runtime_error with
+/// Runs `python -m gradcert.ref.<module> <args>` with `python` ("": the checkout's venv), its log
+/// in `log_dir/<log_name>.log`, within the spec's run timeout. Throws std::runtime_error with
 /// the log's tail when it fails.
 void run_python_tool(const Spec& spec, const std::string& module, const std::string& args, const std::string& log_dir,
-                     const std::string& log_name);
+                     const std::string& log_name, const std::string& python = "");
 
 }  // namespace gradcert

@@ -60,13 +60,13 @@ const CheckResult* check(const RunReport& r, const std::string& id) {
 }
 
 struct ModelCase {
-  std::string model;   ///< FUNC in tests/factories.py, or gradcert_model.py:tiny_lm
+  std::string model;   ///< FUNC in tests/factories.py, or gradcert.tiny_lm:tiny_lm
   std::string stack;   ///< adapter
   int world;
 };
 
 std::string factory_of(const std::string& model) {
-  return model == "tiny_lm" ? kRepo + "/backends/python/gradcert_model.py:tiny_lm" : kFactories + ":" + model;
+  return model == "tiny_lm" ? kRepo + "/gradcert.tiny_lm:tiny_lm" : kFactories + ":" + model;
 }
 
 class ConformanceAnyModel : public testing::TestWithParam<ModelCase> {};

@@ -197,7 +197,7 @@ TEST(ConformanceOverlap, ChecksBesideTheNextLaunchGiveTheSameFigures) {
   RunRequest correct = request("ddp", 2, 2, DType::Float64, "overlap_correct");
   RunRequest mutant = request("ddp", 2, 2, DType::Float64, "overlap_mutant");
   mutant.inject = "local-mean";
-  ASSERT_TRUE(checks_start_no_process(correct));
+  ASSERT_TRUE(checks_start_no_process(make_run_plan(correct)));
   auto figures = [](const RunReport& r) {
     std::vector<std::tuple<std::string, double, std::string, double>> out;
     for (const auto& c : r.checks)

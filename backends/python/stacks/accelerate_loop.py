@@ -18,7 +18,7 @@ steps / zeroes only where `sync_gradients` is True. The shim only:
   - pops the sample ids from each batch before the model, and taps them with the logits;
   - observes the step on the torch optimizer inside AcceleratedOptimizer (step pre / post
     hooks): the inner module's p.grad (DDP-reduced) just before, the parameters just after.
-The model is the plan's (`--model`, e.g. backends/python/gradcert_model.py:tiny_lm,
+The model is the plan's (`--model`, e.g. gradcert.tiny_lm:tiny_lm,
 forward(input_ids) -> logits), loaded from initial.safetensors in the plan's dtype.
 
 Configurations (--config):
@@ -51,8 +51,6 @@ import contextlib
 import math
 import os
 import sys
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import common  # noqa: E402
 import torch  # noqa: E402

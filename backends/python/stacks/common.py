@@ -1,6 +1,6 @@
 """Shared code of the real-stack shims (backends/python/stacks/): what every shim needs to
 feed a third-party trainer the plan's examples through the trainer's **own** data path and
-to hand gradcert what the trainer really did, through gradcert_ref/client.py.
+to hand gradcert what the trainer really did, through gradcert/ref/client.py.
 
 A shim never trains by hand. It gives the stack:
   - a map-style dataset whose index i is the i-th example of `global_order(plan, kind)`, each
@@ -41,15 +41,12 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-PYDIR = os.path.dirname(HERE)  # backends/python
-if PYDIR not in sys.path:
-    sys.path.insert(0, PYDIR)
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from gradcert_ref import client  # noqa: E402
-from gradcert_ref import factory as factory_mod  # noqa: E402
+from gradcert.ref import client  # noqa: E402
+from gradcert.ref import factory as factory_mod  # noqa: E402
 
 EXIT_SKIP = 77
 
@@ -182,10 +179,10 @@ def loss_sum(logits: torch.Tensor, shifted_labels: torch.Tensor, ignore_index: i
 
 def optimizer_for(params, plan: client.Plan):
     """torch.optim SGD / AdamW with the plan's hyperparameters (the protocol's rules): the
-    adapters' own (gradcert_model.make_optimizer, kind 'torch')."""
-    import gradcert_model
+    adapters' own (gradcert.tiny_lm.make_optimizer, kind 'torch')."""
+    from gradcert import tiny_lm
 
-    return gradcert_model.make_optimizer(params, plan.optimizer, "torch")
+    return tiny_lm.make_optimizer(params, plan.optimizer, "torch")
 
 
 def package_version(name: str) -> str | None:
@@ -320,7 +317,7 @@ class Shim:
 
 
 def shutdown():
-    """As gradcert_model.shutdown (NOTE [teardown]): barrier, destroy, os._exit(0)."""
+    """As gradcert.tiny_lm.shutdown (NOTE [teardown]): barrier, destroy, os._exit(0)."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():

@@ -75,8 +75,6 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("TORCH_EXTENSIONS_DIR",
                       os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(

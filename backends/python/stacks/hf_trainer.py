@@ -38,8 +38,6 @@ import inspect
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
 import common  # noqa: E402
 import torch  # noqa: E402
 

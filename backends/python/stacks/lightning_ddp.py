@@ -24,7 +24,7 @@ batch of the epoch, and calls `optimizer.step(closure)`. The shim only:
     step post hook reads the parameters. (common.Shim.attach's step *pre* hook cannot be
     used: Lightning runs training_step / backward inside `optimizer.step(closure)`, so the
     pre hook fires before the window's last microbatch.)
-The model is the plan's (`--model`, e.g. backends/python/gradcert_model.py:tiny_lm),
+The model is the plan's (`--model`, e.g. gradcert.tiny_lm:tiny_lm),
 loaded from initial.safetensors; `precision="64-true"` / `"32-true"` for float64 / float32
 plans (bfloat16: exit 77).
 
@@ -58,8 +58,6 @@ the last one example per rank).
 import argparse
 import os
 import sys
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import common  # noqa: E402
 import torch  # noqa: E402

@@ -1,4 +1,4 @@
-"""Model factories for the real-stack shims (the factory contract of gradcert_ref/factory.py:
+"""Model factories for the real-stack shims (the factory contract of gradcert/ref/factory.py:
 FUNC(vocab_size, max_len) -> nn.Module, forward(input_ids) -> logits or .logits).
 
 gpt2_tiny: a Hugging Face GPT-2 from a tiny config (no hub download), the model the HF

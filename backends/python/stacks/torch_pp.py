@@ -14,7 +14,7 @@ per microbatch, backpropagate, and (scale_grads=True, the default) divide the st
 gradients by n_microbatches. PyTorch has no trainer: the loop is the user's own (per window:
 zero_grad, schedule.step(batch) / step(target=..., losses=...), optimizer.step()).
 
-The split (the tiny LM of gradcert_model.py only): stage s of pp holds blocks
+The split (the tiny LM of gradcert/tiny_lm.py only): stage s of pp holds blocks
 [s L/pp, (s+1) L/pp); stage 0 also wte, wpe; the last stage also ln_f, lm_head. The stage
 modules keep the canonical attribute names (blocks is a ModuleDict keyed by the original
 block index), so their named_parameters() are the canonical names; the full gradient and
@@ -75,8 +75,6 @@ import os
 import sys
 import time
 from datetime import timedelta
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import common  # noqa: E402
 import torch  # noqa: E402
@@ -148,7 +146,7 @@ def main():
     model = shim.build_model()
     blocks = getattr(model, "blocks", None)
     if blocks is None or not all(hasattr(model, n) for n in ("wte", "wpe", "ln_f", "lm_head")):
-        common.fail("the torch PP shim splits the tiny LM (gradcert_model.py:tiny_lm): wte, wpe, blocks, ln_f, lm_head")
+        common.fail("the torch PP shim splits the tiny LM (gradcert.tiny_lm:tiny_lm): wte, wpe, blocks, ln_f, lm_head")
     L = len(blocks)
     if L < pp:
         common.fail(f"{L} blocks cannot fill {pp} stages")

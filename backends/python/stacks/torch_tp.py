@@ -17,7 +17,7 @@ rank (`Run.consumed(dp_rank)`: the plan's slots, or under the sampler audit a
 DistributedSampler's); the TP peers of a replica consume the same ids (global rank g has DP
 rank g // tp, mesh ("dp", "tp") row-major).
 
-The TP plan, per block (the tiny LM of gradcert_model.py only; a factory model without
+The TP plan, per block (the tiny LM of gradcert/tiny_lm.py only; a factory model without
 blocks.<i>.{qkv,proj,fc,fc_out} is refused):
   qkv     ColwiseParallel   (weight [3d, d] sharded on the output dim)
   proj    RowwiseParallel   (input Shard(-1), output all-reduced to Replicate; bias replicated)
@@ -79,8 +79,6 @@ import time
 import types
 from datetime import timedelta
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
 import common  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -113,7 +111,7 @@ def qkv_permutation(d: int, tp: int) -> torch.Tensor:
 
 
 def tp_block_forward(self, x):
-    """gradcert_model.Block.forward with the local number of heads (the TP tutorial's
+    """gradcert.tiny_lm.Block.forward with the local number of heads (the TP tutorial's
     "adjust attention module to use the local number of heads"): qkv's output is this rank's
     [q | k | v] of heads // tp heads; proj (row-parallel) takes the local attention width."""
     B, T, C = x.shape
@@ -191,7 +189,7 @@ def main():
     blocks = getattr(model, "blocks", None)
     need = ("qkv", "proj", "fc", "fc_out", "ln1", "ln2")
     if blocks is None or not all(all(hasattr(b, n) for n in need) and hasattr(b, "heads") for b in blocks):
-        common.fail("the torch TP shim's plan is for the tiny LM (gradcert_model.py:tiny_lm): "
+        common.fail("the torch TP shim's plan is for the tiny LM (gradcert.tiny_lm:tiny_lm): "
                     "blocks.<i>.{ln1,qkv,proj,ln2,fc,fc_out} and .heads")
     d = model.wte.weight.shape[1]
     heads = blocks[0].heads
@@ -255,7 +253,7 @@ def main():
                 shim.tap([], None, None)
                 if not fsdp:
                     continue  # every TP peer has the same (empty) slot: no collective to join
-                inp, lab, _ = data.dummy_batch()  # NOTE [empty microbatch] in gradcert_model.py
+                inp, lab, _ = data.dummy_batch()  # NOTE [empty microbatch] in gradcert/tiny_lm.py
                 logits = model(inp)
                 (F.cross_entropy(logits.reshape(-1, logits.size(-1)), lab.reshape(-1), ignore_index=ign,
                                  reduction="sum") * 0.0).backward()

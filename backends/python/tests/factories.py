@@ -1,6 +1,6 @@
-"""Model factories for tests/test_gradcert_ref.py: user models that are not gradcert's
+"""Model factories for tests/test_gradcert.ref.py: user models that are not gradcert's
 tiny LM (other architecture, other parameter names), in the factory contract of
-gradcert_ref/factory.py: FUNC(vocab_size, max_len) -> nn.Module, forward(ids) -> logits."""
+gradcert/ref/factory.py: FUNC(vocab_size, max_len) -> nn.Module, forward(ids) -> logits."""
 
 import torch
 import torch.nn as nn

@@ -29,10 +29,9 @@ import torch
 TESTS = os.path.dirname(os.path.abspath(__file__))
 PY = os.path.dirname(TESTS)
 REPO = os.path.dirname(os.path.dirname(PY))
-sys.path.insert(0, PY)
 
-import gradcert_model as gm  # noqa: E402
-from gradcert_ref import client, factory, initial, mutants, reference  # noqa: E402
+from gradcert import tiny_lm as gm  # noqa: E402
+from gradcert.ref import client, factory, initial, mutants, reference  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
 TORCHRUN = os.path.join(REPO, ".venv", "bin", "torchrun")
@@ -252,7 +251,7 @@ class FactoryTest(unittest.TestCase):
         self.assertEqual(factory.units(g), [])  # no ModuleList: the root alone
         s = factory.build(f"{self.F}:with_spec", 40, 24, spec={"d_model": 6})
         self.assertEqual(s.seen_spec, {"d_model": 6})
-        self.assertIsInstance(factory.build("gradcert_model:tiny_lm", 32, 24), gm.TinyLM)
+        self.assertIsInstance(factory.build("gradcert.tiny_lm:tiny_lm", 32, 24), gm.TinyLM)
 
     def test_errors_name_the_factory(self):
         cases = [("nope.py:f", "file 'nope.py' not found"), (f"{self.F}:missing", "has no 'missing'"),
@@ -466,11 +465,11 @@ class AdapterTest(unittest.TestCase):
 
 @needs_torchrun
 class CheckpointTest(unittest.TestCase):
-    """gradcert_ref.checkpoint / dcp_export without a process group (NOTE [stack checkpoints]);
+    """gradcert.ref.checkpoint / dcp_export without a process group (NOTE [stack checkpoints]);
     the torchrun legs are gradcert's ConformanceExternalResume tests."""
 
     def test_dcp_keys_map_to_gradcert_names(self):
-        from gradcert_ref import dcp_export
+        from gradcert.ref import dcp_export
 
         self.assertEqual(dcp_export.canonical("model.blocks.0.fc.weight"), ("param", "blocks.0.fc.weight"))
         self.assertEqual(dcp_export.canonical("optim.state.wte.weight.exp_avg_sq"), ("slot", "wte.weight", "v"))
@@ -479,7 +478,7 @@ class CheckpointTest(unittest.TestCase):
         self.assertIsNone(dcp_export.canonical("optim.param_groups.0.lr"))
 
     def test_resume_environment_is_checked(self):
-        from gradcert_ref import checkpoint
+        from gradcert.ref import checkpoint
 
         self.assertFalse(checkpoint.Resume({}).active)
         with self.assertRaisesRegex(client.ProtocolError, "GRADCERT_SAVE_AT='two': expected an update count"):
@@ -489,7 +488,7 @@ class CheckpointTest(unittest.TestCase):
 
     def _saved(self, steps):
         import torch.distributed.checkpoint as dcp
-        from gradcert_ref import checkpoint
+        from gradcert.ref import checkpoint
 
         d = tempfile.mkdtemp(prefix="gradcert_dcp_", dir=_TMP)
         state = {"model": {"w": torch.arange(6.0, dtype=torch.float64).reshape(2, 3)},
@@ -505,7 +504,7 @@ class CheckpointTest(unittest.TestCase):
         return d
 
     def test_export_names_a_rank_without_files_and_reads_what_is_there(self):
-        from gradcert_ref import dcp_export
+        from gradcert.ref import dcp_export
 
         d = self._saved([2])
         out = os.path.join(d, "export")
@@ -520,7 +519,7 @@ class CheckpointTest(unittest.TestCase):
             dcp_export.export(d, out, 2, "other")
 
     def test_export_refuses_step_counters_that_differ(self):
-        from gradcert_ref import dcp_export
+        from gradcert.ref import dcp_export
 
         d = self._saved([2, 0])
         with self.assertRaisesRegex(client.ProtocolError, "the saved step counters differ: 'b' has 0.0, 'w' has 2.0"):

@@ -1,6 +1,6 @@
 """The float64 reference for a user's own PyTorch model (the Python reference runner).
 
-    python -m gradcert_ref.reference --run-dir DIR [--factory F] [--out DIR/reference]
+    python -m gradcert.ref.reference --run-dir DIR [--factory F] [--out DIR/reference]
         [--init FILE] [--no-pieces] [--ids-from-ranks [DIR]] [--threads N]
 
 DIR holds plan.json, dataset.json and initial.safetensors (a `gradcert run --backend
@@ -25,7 +25,7 @@ piece's loss SUM S_{r,a} (one backward per microbatch, at the update's parameter
 u<k>.pieces.safetensors with tensors `r<r>.a<a>.<param>` (zeros for an empty piece) and
 u<k>.pieces.json listing each piece's ids, loss_sum, valid_targets, rows_with_targets
 and unshifted_targets (= valid + rows with targets), so a diagnosis can form candidate
-objectives as linear combinations (gradcert_ref/mutants.py `coefficients`).
+objectives as linear combinations (gradcert/ref/mutants.py `coefficients`).
 sum_{r,a} piece / N equals the window's gradient up to rounding.
 
 Teacher forcing and noise floors (with --pieces-at; NOTE [teacher forcing] and NOTE [noise
@@ -154,6 +154,8 @@ def probe_precision(model, batch: client.Batch) -> dict:
 
 @torch.no_grad()
 def optimizer_step(opt: dict, step: int, p: torch.Tensor, g: torch.Tensor, slot: dict):
+    """One step of the protocol's rule `opt["name"]`: sgd, adamw (decoupled decay) or adam
+    (torch.optim.Adam: the decay added to the gradient), step counted from 1."""
     if opt["name"] == "sgd":
         d = g
         if opt["weight_decay"] != 0:
@@ -166,12 +168,16 @@ def optimizer_step(opt: dict, step: int, p: torch.Tensor, g: torch.Tensor, slot:
             d = slot["m"]
         p.add_(d, alpha=-opt["lr"])
         return
-    if opt["name"] != "adamw":
-        raise ValueError(f"unknown optimizer {opt['name']!r} (sgd | adamw)")
+    if opt["name"] not in ("adamw", "adam"):
+        raise ValueError(f"unknown optimizer {opt['name']!r} (sgd | adamw | adam)")
     if "m" not in slot:
         slot["m"], slot["v"] = torch.zeros_like(p), torch.zeros_like(p)
     lr = opt["lr"]
-    p.mul_(1 - lr * opt["weight_decay"])
+    if opt["name"] == "adam":
+        if opt["weight_decay"] != 0:
+            g = g + opt["weight_decay"] * p
+    else:
+        p.mul_(1 - lr * opt["weight_decay"])
     slot["m"].mul_(opt["beta1"]).add_(g, alpha=1 - opt["beta1"])
     slot["v"].mul_(opt["beta2"]).addcmul_(g, g, value=1 - opt["beta2"])
     bc1 = 1 - opt["beta1"] ** step
@@ -240,8 +246,9 @@ class Route:
     concatenated (pieces=False) or one backward per (DP rank, microstep) of S_{r,a} / N.
     bfloat16 steps a float32 master of the bf16 weights (NOTE [mixed precision])."""
 
-    def __init__(self, model, dtype, pieces: bool, opt: dict, max_norm: float):
-        self.model, self.dtype, self.pieces, self.opt, self.max_norm = model, dtype, pieces, opt, max_norm
+    def __init__(self, model, dtype, pieces: bool, plan: client.Plan, max_norm: float):
+        self.model, self.dtype, self.pieces, self.plan, self.max_norm = model, dtype, pieces, plan, max_norm
+        freeze(model, plan)
         self.slots = {n: {} for n, _ in model.named_parameters()}
         self.masters = {}
 
@@ -281,17 +288,30 @@ class Route:
     def step(self, u: int, grads: dict):
         _, coef = clip_coefficient(grads, self.max_norm)
         for n, p in self.model.named_parameters():
+            if not p.requires_grad:  # a frozen parameter of an observed job: never stepped
+                continue
             g = grads[n] if coef == 1.0 else grads[n] * coef
+            opt = self.plan.hyper(u, n)
             if self.dtype != torch.bfloat16:
-                optimizer_step(self.opt, u + 1, p, g.to(p.dtype), self.slots[n])
+                optimizer_step(opt, u + 1, p, g.to(p.dtype), self.slots[n])
                 continue
             if n not in self.masters:
                 self.masters[n] = p.detach().to(torch.float32)
-            optimizer_step(self.opt, u + 1, self.masters[n], g.to(torch.float32), self.slots[n])
+            optimizer_step(opt, u + 1, self.masters[n], g.to(torch.float32), self.slots[n])
             p.copy_(self.masters[n])
 
     def params(self) -> dict:
         return {n: p.detach().clone() for n, p in self.model.named_parameters()}
+
+
+def freeze(model, plan: client.Plan):
+    """The observed job's frozen parameters (requires_grad=False) stay so here: no gradient
+    (the artifacts carry zeros), never stepped."""
+    frozen = plan.frozen
+    for n, p in model.named_parameters():
+        if n in frozen:
+            p.requires_grad_(False)
+    return model
 
 
 def run_reference(run_dir: str, factory: str | None = None, out: str | None = None, init: str | None = None,
@@ -313,6 +333,7 @@ def run_reference(run_dir: str, factory: str | None = None, out: str | None = No
     model = factory_mod.build(factory, int(plan.model_spec["vocab"]), int(plan.model_spec["max_len"]),
                               spec=plan.model_spec, search_dirs=[run_dir])
     client.load_weights(model, init or run.init_path, F64)
+    freeze(model, plan)
     vocab = int(plan.model_spec["vocab"])
     model.train()
     ranks_dir = ids_from_ranks if isinstance(ids_from_ranks, str) else run_dir
@@ -330,6 +351,7 @@ def run_reference(run_dir: str, factory: str | None = None, out: str | None = No
         pmodel = factory_mod.build(factory, int(plan.model_spec["vocab"]), int(plan.model_spec["max_len"]),
                                    spec=plan.model_spec, search_dirs=[run_dir])
         client.load_weights(pmodel, init or run.init_path, F64)
+        freeze(pmodel, plan)
         pmodel.train()
         stack_manifest = os.path.join(pieces_at, "manifest.json")
         try:
@@ -338,7 +360,6 @@ def run_reference(run_dir: str, factory: str | None = None, out: str | None = No
         except (OSError, ValueError, KeyError) as e:
             raise client.ProtocolError(f"{stack_manifest}: cannot be read for --pieces-at: {e}") from e
 
-    opt = plan.optimizer
     max_norm = plan.max_grad_norm
     slots_state = {n: {} for n, _ in model.named_parameters()}
 
@@ -356,10 +377,10 @@ def run_reference(run_dir: str, factory: str | None = None, out: str | None = No
                               spec=plan.model_spec, search_dirs=[run_dir])
         client.load_weights(m, init or run.init_path, dtype)
         m.train()
-        return Route(m, dtype, pieces_route, opt, max_norm)
+        return Route(m, dtype, pieces_route, plan, max_norm)
 
     free_b = build_route(route_dtype, route_pieces) if pmodel is not None else None
-    forced_a = Route(pmodel, F64, False, opt, max_norm) if pmodel is not None else None
+    forced_a = Route(pmodel, F64, False, plan, max_norm) if pmodel is not None else None
     forced_b = build_route(route_dtype, route_pieces) if pmodel is not None else None
     initial_params = {n: p.detach().clone() for n, p in pmodel.named_parameters()} if pmodel is not None else None
     updates = []
@@ -438,8 +459,10 @@ def run_reference(run_dir: str, factory: str | None = None, out: str | None = No
         entry.update({"grad_norm": total, "clip_coef": coef})
         with torch.no_grad():
             for n, p in model.named_parameters():
+                if not p.requires_grad:
+                    continue
                 g = grads[n] if coef == 1.0 else grads[n] * coef
-                optimizer_step(opt, u + 1, p, g, slots_state[n])
+                optimizer_step(plan.hyper(u, n), u + 1, p, g, slots_state[n])
         if free_b is not None:
             entry["floor"] = floor_between(fb_grads, fb_loss, free_b.params(), grads, loss,
                                            {n: p.detach() for n, p in model.named_parameters()})
@@ -461,7 +484,7 @@ def run_reference(run_dir: str, factory: str | None = None, out: str | None = No
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m gradcert_ref.reference", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m gradcert.ref.reference", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run-dir", required=True, help="folder with plan.json, dataset.json, initial.safetensors")
     ap.add_argument("--factory", default=None, help="FILE.py:FUNC or module:FUNC (default: the plan's, else the tiny LM)")

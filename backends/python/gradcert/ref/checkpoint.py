@@ -14,7 +14,7 @@ saves once), saved by every rank and loaded with DCP's resharding, so a DDP chec
 into FSDP2 and a world-2 one into world 3. Rank 0 adds gradcert.json: the updates done, the
 optimizer's step counter, the sampler position (the next window), the run's nonce.
 
-gradcert does not trust this module's load: after the first leg, gradcert_ref.dcp_export
+gradcert does not trust this module's load: after the first leg, gradcert.ref.dcp_export
 reads the files on disk into gradcert's own layout-independent form and resume.checkpoint
 judges them; the checks after the resume judge the load.
 """

@@ -2,7 +2,7 @@
 speak backends/PROTOCOL.md, version 1. Plain PyTorch; no process group needed except
 where a gather function the caller passes runs collectives.
 
-    from gradcert_ref import client
+    from gradcert.ref import client
     run = client.Run.from_env()              # GRADCERT_* -> plan, dataset, paths
     ids = run.plan.ids(update, dp_rank)      # per microstep: the example ids to consume
     batch = run.dataset.collate(ids[a])      # (input [B,T], labels [B,T], valid_targets) or None
@@ -101,6 +101,33 @@ class Plan:
 
     def window(self, update: int) -> dict:
         return self.windows[update]
+
+    @property
+    def observed(self) -> dict:
+        """plan.json's `observed` section (a `gradcert observe` run: the job's own optimizer
+        groups per update, its frozen parameters), {} for a planned run."""
+        return self.obj.get("observed") or {}
+
+    @property
+    def frozen(self) -> set:
+        """Parameters the observed job does not train (requires_grad=False): held unchanged."""
+        return set(self.observed.get("frozen") or [])
+
+    def hyper(self, update: int, name: str) -> dict:
+        """The optimizer rule and hyperparameters parameter `name` is stepped with at `update`:
+        the observed job's param group as that step used it (its schedule's lr included), else
+        the spec's optimizer for every parameter."""
+        per_update = (self.observed.get("optimizer") or {}).get("updates")
+        if not per_update:
+            return self.optimizer
+        cache = self.__dict__.setdefault("_hyper", {})
+        if update not in cache:
+            cache[update] = {n: g for g in per_update[update] for n in g["params"]}
+        try:
+            return cache[update][name]
+        except KeyError:
+            raise ProtocolError(f"{self.path}: observed.optimizer.updates[{update}] has no group for "
+                                f"parameter '{name}'") from None
 
     def ids(self, update: int, dp_rank: int) -> list:
         """The ids DP rank `dp_rank` consumes at each microstep of `update` (lists, maybe empty)."""

@@ -1,6 +1,6 @@
 """A stack's DCP checkpoint in gradcert's layout-independent form (NOTE [stack checkpoints]).
 
-    python -m gradcert_ref.dcp_export --from CHECKPOINT.STACK --out CHECKPOINT --world W --nonce N
+    python -m gradcert.ref.dcp_export --from CHECKPOINT.STACK --out CHECKPOINT --world W --nonce N
 
 Run by the harness after the first leg of an external resumed run, when every process of
 the stack has exited: it reads what is on disk, with torch.distributed.checkpoint's own

@@ -1,6 +1,6 @@
 """initial.safetensors for a factory's model: the model's own parameter names and shapes.
 
-    python -m gradcert_ref.initial --factory F --seed S --dtype D --out FILE
+    python -m gradcert.ref.initial --factory F --seed S --dtype D --out FILE
         [--plan plan.json | --vocab V --max-len T] [--scheme gradcert|module]
 
 Scheme `gradcert` (default) is conformance/model.cpp's initial_params, applied to any
@@ -10,7 +10,7 @@ model.cpp says, or the weight of a LayerNorm / RMSNorm / GroupNorm / BatchNorm m
 is ones; a bias (last name component starting with "bias") is N(0,1) * 0.01; anything
 else N(0,1) * 0.2; drawn in float64, then rounded through the run dtype D. For the
 built-in tiny LM this reproduces gradcert's own initial.safetensors bit for bit
-(tests/test_gradcert_ref.py checks it). Scheme `module`: the module's own
+(tests/test_gradcert.ref.py checks it). Scheme `module`: the module's own
 initialisation after torch.manual_seed(S) (the factory is called after seeding).
 
 vocab / max_len come from --plan's spec.model (which may also name the factory), else
@@ -77,7 +77,7 @@ def write_initial(factory: str | None, seed: int, dtype_name: str, out: str, voc
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m gradcert_ref.initial", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m gradcert.ref.initial", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--factory", default=None, help="FILE.py:FUNC or module:FUNC (default: the plan's, else the tiny LM)")
     ap.add_argument("--seed", type=int, default=None, help="default: the plan's spec.seed, else 1234")

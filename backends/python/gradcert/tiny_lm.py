@@ -1,11 +1,11 @@
 """Shared code of the PyTorch adapters (backends/PROTOCOL.md, version 1).
 
 The same tiny causal LM as conformance/model.cpp, with the same canonical parameter
-names (and `tiny_lm`, its model factory: `gradcert_model.py:tiny_lm`); the loss sum S;
-the D*S/N rule with the planted bugs of gradcert_ref/mutants.py; the optimizer; and the
+names (and `tiny_lm`, its model factory: `gradcert.tiny_lm:tiny_lm`); the loss sum S;
+the D*S/N rule with the planted bugs of gradcert/ref/mutants.py; the optimizer; and the
 adapters' training loop. The protocol itself (plan.json, dataset.json,
 initial.safetensors, collation, capturing the reduced gradient, the artifact writers)
-lives in the client library gradcert_ref/client.py, which any stack can use.
+lives in the client library gradcert/ref/client.py, which any stack can use.
 
 Everything here is plain PyTorch; the strategy files (torch_ddp.py, torch_fsdp2.py,
 torch_fsdp1.py) only decide how the model is wrapped and how gradients are reduced.
@@ -27,13 +27,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
 
-from gradcert_ref import PROTOCOL_VERSION  # noqa: E402,F401
-from gradcert_ref import checkpoint as ckpt  # noqa: E402
-from gradcert_ref import client, mutants  # noqa: E402
-from gradcert_ref import factory as factory_mod  # noqa: E402
+from gradcert.ref import PROTOCOL_VERSION  # noqa: E402,F401
+from gradcert.ref import checkpoint as ckpt  # noqa: E402
+from gradcert.ref import client, mutants  # noqa: E402
+from gradcert.ref import factory as factory_mod  # noqa: E402
 
 EXIT_SKIP = 77  # "this stack cannot run here": the gradcert tests turn it into a SKIP
 DTYPES = client.DTYPES
@@ -110,7 +108,7 @@ TINY_LM_DEFAULTS = {"vocab": 32, "d_model": 16, "heads": 2, "layers": 2, "d_ff":
 
 
 def tiny_lm(vocab_size: int, max_len: int, spec: dict | None = None) -> TinyLM:
-    """The built-in model factory (`gradcert_model.py:tiny_lm`, see gradcert_ref/factory.py):
+    """The built-in model factory (`gradcert.tiny_lm:tiny_lm`, see gradcert/ref/factory.py):
     vocab and max_len from the arguments, d_model / heads / layers / d_ff from `spec`
     (the plan's model section) where it has them, else TINY_LM_DEFAULTS."""
     m = dict(TINY_LM_DEFAULTS)
@@ -131,7 +129,7 @@ def loss_sum(model: nn.Module, input: torch.Tensor, labels: torch.Tensor, ignore
 
 
 # --------------------------------------------------------------------------------------
-# Inputs (gradcert_ref/client.py), with adapter-style errors
+# Inputs (gradcert/ref/client.py), with adapter-style errors
 # --------------------------------------------------------------------------------------
 
 
@@ -325,13 +323,13 @@ def train(run: client.Run, rank: int, world: int, model: nn.Module, strategy: St
           writer: client.ArtifactWriter, mutant: str | None = None, masters: dict | None = None):
     """The protocol's loop: per update, N by all-reducing the local valid-target counts,
     backward of D*S_{r,a}/N per microstep (the wrapper averages over D and the microsteps
-    accumulate; `mutant` changes the scale, see gradcert_ref/mutants.py), one optimizer
+    accumulate; `mutant` changes the scale, see gradcert/ref/mutants.py), one optimizer
     step, artifacts. The reduced gradient is captured by a client.GradRecorder in the
     optimizer's step pre-hook; `optimizer.max_grad_norm` > 0 clips in a later pre-hook
     (the artifact stays pre-clip). `masters` (bf16): name -> (param, fp32 master); the
     optimizer steps the masters and the bf16 params are copied from them.
 
-    A resumed run's legs (gradcert_ref/checkpoint.py): GRADCERT_RESUME_FROM loads the
+    A resumed run's legs (gradcert/ref/checkpoint.py): GRADCERT_RESUME_FROM loads the
     checkpoint (before any hook is registered: DCP's state-dict helpers run one zero-lr
     step) and starts at the update it names; GRADCERT_SAVE_AT=K stops after update K-1 and
     saves with DCP (every rank)."""

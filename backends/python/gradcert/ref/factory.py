@@ -8,9 +8,9 @@ A factory is named `FILE.py:FUNC` or `module:FUNC`:
   synthetic tokens lie in [1, vocab_size), sequences are at most max_len long, 0 is the pad).
 - `spec` (optional keyword; passed only when FUNC declares a `spec` parameter or
   `**kwargs`): the plan's whole `spec.model` section, for factories that read more sizes
-  from it. This is the choice made for the built-in tiny LM (`gradcert_model.py:tiny_lm`):
+  from it. This is the choice made for the built-in tiny LM (`gradcert.tiny_lm:tiny_lm`):
   it takes d_model / heads / layers / d_ff from `spec` and falls back to module-level
-  defaults (`gradcert_model.TINY_LM_DEFAULTS`: vocab 32, d_model 16, heads 2, layers 2,
+  defaults (`gradcert.tiny_lm.TINY_LM_DEFAULTS`: vocab 32, d_model 16, heads 2, layers 2,
   d_ff 32, max_len 24) for whatever `spec` lacks. No environment variable is read.
 - `forward(input_ids[B, T] long)` returns logits `[B, T, V]`, or an object with `.logits`
   (e.g. a Hugging Face `CausalLMOutput`), or a dict with "logits". Position t's logits
@@ -20,8 +20,9 @@ A factory is named `FILE.py:FUNC` or `module:FUNC`:
 
 `FILE.py` is looked up as given (absolute, or relative to the current directory), then
 in the `search_dirs` a caller passes (the adapters pass the run folder), then beside this
-package (backends/python/, where gradcert_model.py lives). A file already imported (same
-path) is reused, so `gradcert_model.py:tiny_lm` builds the very classes the adapters wrap.
+package (backends/python/). A file already imported (same path) is reused; `module:FUNC`
+imports an installed module (the built-in `gradcert.tiny_lm:tiny_lm` is the very class the
+adapters wrap).
 
 FSDP units (which submodules the FSDP adapters shard as units, besides the root): FUNC's
 model may define `gradcert_units(self) -> list[nn.Module]`; otherwise every child of the
@@ -39,8 +40,8 @@ import sys
 
 import torch.nn as nn
 
-HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # backends/python
-BUILTIN = "gradcert_model.py:tiny_lm"
+HERE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # backends/python
+BUILTIN = "gradcert.tiny_lm:tiny_lm"
 
 
 class FactoryError(ValueError):
@@ -91,8 +92,6 @@ def resolve(factory: str | None, search_dirs=()):
     if where.endswith(".py") or os.sep in where or "/" in where:
         mod = _load_file(factory, where, search_dirs)
     else:
-        if HERE not in sys.path:
-            sys.path.append(HERE)
         try:
             mod = importlib.import_module(where)
         except Exception as e:

@@ -36,7 +36,7 @@ Ids (spelled as gradcert's C++ mutants):
   unnoticed loss-scale factor would do); for the low-precision scale tests. The loss the
   stack reports stays S / N.
 
-The checkpoint bugs (with `gradcert run --resume-at K`; gradcert_ref/checkpoint.py, as
+The checkpoint bugs (with `gradcert run --resume-at K`; gradcert/ref/checkpoint.py, as
 gradcert's C++ mutants of the same names): `resume-optimizer-unsaved` (the checkpoint holds
 the model only), `resume-step-reset` (the load leaves AdamW's step counters at 0),
 `resume-sampler-restart` (the second leg starts update K's epoch over),

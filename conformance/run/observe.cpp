@@ -1,0 +1,153 @@
+// `gradcert observe`: run the job, find out what it recorded, certify it (observe.hpp).
+#include "conformance/run/observe.hpp"
+
+#include <chrono>
+#include <filesystem>
+#include <stdexcept>
+
+#include "conformance/core/format.hpp"
+#include "conformance/launch/launcher.hpp"
+#include "conformance/protocol/run_folder.hpp"
+#include "conformance/run/check_artifacts.hpp"
+#include "conformance/run/harness.hpp"
+
+namespace gradcert {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+const char* const kWhy = "add `gradcert.watch(model, optimizer)` after the job builds them (or "
+                         "`callbacks=[gradcert.hf.Callback()]` to an HF Trainer), and run the job in a Python "
+                         "environment where `import gradcert` works (README, \"Certify your own training job\")";
+
+bool exists(const std::string& path) {
+  std::error_code ec;
+  return fs::exists(fs::symlink_status(path, ec));
+}
+
+// How many consecutive updates rank g recorded (observed.rank<g>.u0.json, u1, ...).
+int updates_recorded(const std::string& dir, int rank) {
+  int k = 0;
+  while (exists(dir + "/" + observed_update_file(rank, k))) ++k;
+  return k;
+}
+
+// "rank 0: updates 0..2, rank 1: updates 0..1": what each rank got through.
+std::string progress(const std::string& dir, int world) {
+  std::string out;
+  for (int g = 0; g < world; ++g) {
+    const int k = updates_recorded(dir, g);
+    out += (g ? ", " : "") + std::string("rank ") + std::to_string(g) + ": " +
+           (k == 0 ? "none" : k == 1 ? "update 0" : "updates 0.." + std::to_string(k - 1));
+  }
+  return out;
+}
+
+// Any rank's error file, as one message naming the rank and the update.
+std::string rank_errors(const std::string& dir) {
+  std::string out;
+  for (const auto& e : read_observed_errors(dir))
+    out += (out.empty() ? "" : "; ") + std::string("rank ") + std::to_string(e.rank) + ", update " +
+           std::to_string(e.update) + ": " + e.error;
+  return out;
+}
+
+// The params.* checks when the reference cannot step the job's optimizer: a skip naming it.
+void skip_params_checks(RunReport& report, const std::string& why) {
+  for (auto& c : report.checks)
+    if (c.id == "params.parity" || c.id == "params.trajectory") {
+      c.verdict = Verdict::Skip;
+      c.figure = 0;
+      c.detail = "the job's optimizer is " + why + ", which gradcert's reference does not step (SGD, Adam, AdamW "
+                 "without amsgrad / nesterov / dampening / maximize): the gradients are compared, the step is not";
+    }
+}
+
+}  // namespace
+
+RunReport observe_job(const ObserveRequest& req) {
+  if (req.argv.empty()) throw std::invalid_argument("gradcert observe: no command after `--` (e.g. -- torchrun ... train.py)");
+  if (req.updates < 1) throw std::invalid_argument("--updates: must be >= 1, got " + std::to_string(req.updates));
+  if (req.expect_batch < 0) throw std::invalid_argument("--expect-batch: must be >= 1, got " + std::to_string(req.expect_batch));
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string& dir = req.run_dir;
+  RunReport report;
+  report.backend = "observed";
+  report.run_dir = dir;
+  report.updates = req.updates;
+  const std::string nonce = prepare_run_folder(dir);  // NOTE [run nonce]
+  LaunchRequest launch_req;
+  launch_req.kind = LauncherKind::Local;
+  launch_req.world = 1;
+  launch_req.rank_env = false;  // the job starts its own ranks (torchrun, accelerate launch, ...)
+  launch_req.argv = req.argv;
+  launch_req.env = {{"GRADCERT_OBSERVE_DIR", dir},
+                    {"GRADCERT_OBSERVE_UPDATES", std::to_string(req.updates)},
+                    {"GRADCERT_OBSERVE_KEEP_DROPOUT", req.keep_dropout ? "1" : "0"},
+                    {"GRADCERT_RUN_NONCE", nonce}};
+  launch_req.timeout = std::chrono::milliseconds(static_cast<int64_t>(req.timeout_s * 1000));
+  launch_req.log_dir = dir;
+  const LaunchResult launched = launch(launch_req);
+  report.interrupted = launched.interrupted;
+  auto finish = [&](RunReport& r) -> RunReport {
+    r.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return std::move(r);
+  };
+  const std::string failed = launched.ok ? "" : command_failure(launched.message, "the job", "the job's output", dir);
+  if (const std::string errors = rank_errors(dir); !errors.empty()) {
+    report.error = "the gradcert integration stopped the job: " + errors + (failed.empty() ? "" : "\n" + failed);
+    return finish(report);
+  }
+  if (!exists(dir + "/observed.json")) {
+    report.error = launched.ok ? "the job ended (exit 0) without recording anything: no gradcert integration ran in it "
+                                 "(no observed.json in " + dir + "); " + kWhy
+                               : failed + "\nIt recorded nothing (no observed.json): if the job does run, " + kWhy;
+    return finish(report);
+  }
+  ObservedJob job;
+  try {
+    job = read_observed_job(dir, nonce);
+  } catch (const ArtifactError& e) {
+    report.error = std::string("bad observed records: ") + e.what() + (failed.empty() ? "" : "\n" + failed);
+    return finish(report);
+  }
+  report.topology = {job.world, 1, 1};
+  report.dtype = job.dtype;
+  report.optimizer = job.optimizer_class;
+  int done = req.updates;
+  for (int g = 0; g < job.world; ++g) done = std::min(done, updates_recorded(dir, g));
+  if (exists(dir + "/" + observed_update_file(job.world, 0)))
+    report.error = "rank " + std::to_string(job.world) + " recorded update 0, but the job started with world " +
+                   std::to_string(job.world) + " (the world changed mid-run): gradcert observe certifies one world";
+  else if (!launched.ok)
+    report.error = failed + "\nWhat every rank recorded before it ended: " + progress(dir, job.world) +
+                   (done < req.updates ? " (update " + std::to_string(done) + " never completed)" : "");
+  else if (done < req.updates)
+    report.error = "the job ended (exit 0) after " + std::to_string(done) + " of the --updates " +
+                   std::to_string(req.updates) + " updates gradcert asked for (" + progress(dir, job.world) +
+                   (done == 0 ? "; it never called the optimizer's step" : "") +
+                   "): its data ran out or it stopped early; certify fewer updates with --updates " +
+                   std::to_string(std::max(1, done));
+  if (!report.error.empty()) return finish(report);
+
+  ObservedRun observed;
+  try {
+    observed = plan_observed(req, job, nonce);
+  } catch (const ArtifactError& e) {
+    report.error = std::string("bad observed records: ") + e.what();
+    return finish(report);
+  } catch (const std::invalid_argument& e) {
+    report.error = e.what();
+    return finish(report);
+  }
+  RunReport checked = report_of(observed.run);
+  checked.interrupted = report.interrupted;
+  checked.optimizer = job.optimizer_class;
+  check_artifacts(checked, observed.run, nonce, dir);
+  if (!observed.unsupported_optimizer.empty()) skip_params_checks(checked, observed.unsupported_optimizer);
+  checked.diagnosis.note = observed.notes + (checked.diagnosis.note.empty() ? "" : "; " + checked.diagnosis.note);
+  return finish(checked);
+}
+
+}  // namespace gradcert

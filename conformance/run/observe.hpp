@@ -1,0 +1,44 @@
+// `gradcert observe -- CMD`: the user's own training job, run as they run it, recorded by the
+// gradcert integration in it (NOTE [observed records]), and certified on what it did.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "conformance/core/result.hpp"
+#include "conformance/protocol/observed.hpp"
+#include "conformance/run/run_plan.hpp"
+
+namespace gradcert {
+
+/// One observed job.
+struct ObserveRequest {
+  std::vector<std::string> argv;  ///< the job's command, run verbatim (e.g. torchrun ... train.py --flags)
+  int updates = 3;                ///< K: the first K optimizer updates are certified, then the job is ended
+  int64_t expect_batch = 0;       ///< B_update the job must hold (0: the job's own settings, else what it did)
+  std::string model;              ///< FILE.py:FUNC or module:FUNC the reference rebuilds the model with ("" : the job's)
+  bool keep_dropout = false;      ///< refuse a model with dropout instead of turning it off
+  std::string run_dir;            ///< created; receives the job's records, the run folder's files, the job's log
+  double timeout_s = 1800;        ///< the whole job, launch to its K-th update
+};
+
+/// What the job's records make (NOTE [observed plan] in observed_plan.cpp): the run plan the
+/// checks read, and what the report says about the job beside the checks.
+struct ObservedRun {
+  RunPlan run;
+  std::string notes;              ///< the job's facts: integration, batch source, dropout, optimizer, labels
+  std::string unsupported_optimizer;  ///< "" : the reference steps the job's optimizer; else why not (params.* skip)
+};
+
+/// Reads K updates of every rank's records in `dir` (which the job wrote with `nonce`) and
+/// writes the run folder's inputs and artifacts (spec.json, plan.json, dataset.json, rank<g>.json,
+/// manifest.json) from them. Throws ArtifactError (a bad record, naming the file and field) or
+/// std::invalid_argument (a job gradcert cannot certify, naming the rank, the update and why).
+ObservedRun plan_observed(const ObserveRequest& request, const ObservedJob& job, const std::string& nonce);
+
+/// Runs the job and certifies it. Bad options throw std::invalid_argument; a job that failed,
+/// recorded nothing, or ran fewer updates does not throw: RunReport::error names the rank, the
+/// update and the cause.
+RunReport observe_job(const ObserveRequest& request);
+
+}  // namespace gradcert

@@ -1,0 +1,312 @@
+// NOTE [observed plan] A `gradcert observe` run folder is a run folder like any other (the
+// checks, the Python reference and the diagnosis read it as they read an external stack's), but
+// its inputs are what the job did, not what a spec made:
+//   - the dataset: every example any rank's forward received in the K updates, numbered by first
+//     appearance (update, rank, microstep, row); an example's identity is its content key, so a
+//     sampler that hands one example to two ranks, or twice in an epoch, is a ledger finding
+//     (and two identical rows of the user's data are one example: the limit of content keys);
+//   - the plan: D = the job's world (every rank a data-parallel replica), A = the most forwards
+//     a rank ran between two optimizer steps, B_micro = the most rows of one forward; slots[r][a]
+//     = rank r's a-th forward of the update. B_update, the figure batch.update_size holds the
+//     job to, is --expect-batch, else the job's own settings as its integration read them (HF:
+//     per_device_train_batch_size x gradient_accumulation_steps x world), else B_micro x A x D
+//     (then only the consistency of the updates is checked, and the report says so);
+//   - epochs: from the job's dataset size where the integration saw it (the window that ends an
+//     epoch is partial, judged against its own size); else no epoch is known to end in the K
+//     updates and the ledger checks only that no example came twice;
+//   - N: the job's num_items_in_batch (rank 0's first forward of the window) where the job
+//     passed one, else none (targets.window_count skips: the job's N is not visible);
+//   - the optimizer: every param group as each step used it (lr from the schedule, momentum,
+//     betas, eps, weight decay), the rule from the optimizer's class (SGD, Adam, AdamW), and the
+//     clip from the job's clip_grad_norm_; frozen parameters from requires_grad.
+// The stack's tensors are the job's own files; the loss is null (the job's loss is its own
+// business: gradients are compared), each rank's loss_sum is gradcert's on the job's logits.
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <set>
+#include <stdexcept>
+
+#include <nlohmann/json.hpp>
+
+#include "conformance/core/dataset.hpp"
+#include "conformance/core/files.hpp"
+#include "conformance/core/format.hpp"
+#include "conformance/core/plan.hpp"
+#include "conformance/protocol/run_folder.hpp"
+#include "conformance/run/observe.hpp"
+
+namespace gradcert {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+int64_t job_integer(const json& job, const char* key) {
+  auto it = job.find(key);
+  if (it == job.end() || !it->is_number_integer() || it->get<int64_t>() <= 0) return 0;
+  return it->get<int64_t>();
+}
+
+double number_or(const json& g, const char* key, double fallback) {
+  auto it = g.find(key);
+  return it != g.end() && it->is_number() ? it->get<double>() : fallback;
+}
+
+bool flag(const json& g, const char* key) {
+  auto it = g.find(key);
+  return it != g.end() && it->is_boolean() && it->get<bool>();
+}
+
+// One torch param group as gradcert's reference steps it ({params, name, lr, momentum,
+// weight_decay, beta1, beta2, eps}); sets `unsupported` to why the reference cannot step it.
+json reference_group(const json& g, const std::string& kind, const std::string& cls, std::string& unsupported) {
+  json out = {{"params", g.at("params")}, {"lr", g.at("lr").get<double>()},
+              {"weight_decay", number_or(g, "weight_decay", 0)}, {"momentum", 0.0},
+              {"beta1", 0.9}, {"beta2", 0.999}, {"eps", 1e-8}};
+  auto refuse = [&](const std::string& why) {
+    if (unsupported.empty()) unsupported = cls + " with " + why;
+  };
+  if (flag(g, "maximize")) refuse("maximize=True");
+  if (kind == "sgd") {
+    out["name"] = "sgd";
+    out["momentum"] = number_or(g, "momentum", 0);
+    if (number_or(g, "dampening", 0) != 0) refuse("dampening != 0");
+    if (flag(g, "nesterov")) refuse("nesterov=True");
+  } else if (kind == "adam" || kind == "adamw") {
+    out["name"] = kind == "adam" && !flag(g, "decoupled_weight_decay") ? "adam" : "adamw";
+    if (auto b = g.find("betas"); b != g.end() && b->is_array() && b->size() == 2 && (*b)[0].is_number() &&
+                                  (*b)[1].is_number()) {
+      out["beta1"] = (*b)[0].get<double>();
+      out["beta2"] = (*b)[1].get<double>();
+    }
+    out["eps"] = number_or(g, "eps", 1e-8);
+    if (flag(g, "amsgrad")) refuse("amsgrad=True");
+  } else {
+    out["name"] = "sgd";
+    out["lr"] = 0.0;
+    refuse("its own update rule");
+  }
+  return out;
+}
+
+std::string range_text(int n) { return n == 1 ? "update 0" : "updates 0.." + std::to_string(n - 1); }
+
+}  // namespace
+
+ObservedRun plan_observed(const ObserveRequest& req, const ObservedJob& job, const std::string& nonce) {
+  const std::string& dir = req.run_dir;
+  const int K = req.updates, W = job.world;
+  std::vector<std::vector<ObservedUpdate>> rec(K);
+  for (int u = 0; u < K; ++u)
+    for (int g = 0; g < W; ++g) {
+      rec[u].push_back(read_observed_update(dir, g, u, nonce));
+      if (rec[u].back().world != W)
+        throw std::invalid_argument("rank " + std::to_string(g) + ", update " + std::to_string(u) + ": the job's world is " +
+                                    std::to_string(rec[u].back().world) + " there, " + std::to_string(W) +
+                                    " when it started (the world changed mid-run): gradcert observe certifies one world");
+      if (rec[u].back().sharded != job.sharded)
+        throw std::invalid_argument(observed_update_file(g, u) + ": its tensors are " +
+                                    (job.sharded ? "whole" : "pieces") + ", observed.json says the model is " +
+                                    (job.sharded ? "sharded" : "not sharded"));
+    }
+  if (!rec[0][0].groups.is_array())
+    throw ArtifactError(dir + "/" + observed_update_file(0, 0) + ": field 'groups' is missing (rank 0 records the param groups)");
+
+  // The dataset: examples by first appearance.
+  std::map<std::string, int64_t> id_of;
+  json samples = json::array();
+  std::vector<int64_t> targets_of_id;
+  size_t longest = 0;
+  auto id_for = [&](const ObservedExample& e) {
+    auto [it, fresh] = id_of.emplace(e.key, static_cast<int64_t>(targets_of_id.size()));
+    if (fresh) {
+      samples.push_back({{"id", it->second}, {"tokens", e.tokens}, {"labels", e.labels}});
+      targets_of_id.push_back(std::count_if(e.labels.begin(), e.labels.end(), [](int64_t l) { return l != kIgnoreIndex; }));
+      longest = std::max(longest, e.tokens.size());
+    }
+    return it->second;
+  };
+  int A = 1, micro = 1;
+  for (int u = 0; u < K; ++u)
+    for (const auto& r : rec[u]) {
+      A = std::max<int>(A, static_cast<int>(r.microsteps.size()));
+      for (const auto& m : r.microsteps) micro = std::max<int>(micro, static_cast<int>(m.examples.size()));
+    }
+
+  ObservedRun out;
+  RunPlan& run = out.run;
+  run.observed = true;
+  Plan& plan = run.plan;
+  plan.dp = W;
+  plan.micro = micro;
+  plan.accum = A;
+  std::string batch_source;
+  if (req.expect_batch > 0) {
+    plan.update_batch = req.expect_batch;
+    batch_source = "--expect-batch " + std::to_string(req.expect_batch);
+  } else if (const int64_t b = job_integer(job.job, "expect_batch"); b > 0) {
+    plan.update_batch = b;
+    const auto src = job.job.find("source");
+    batch_source = "the job's own settings" + (src != job.job.end() && src->is_string() ? " (" + src->get<std::string>() + ")" : std::string());
+  } else {
+    plan.update_batch = update_batch_size(micro, A, W);
+    batch_source = "what the job did (B_micro x A x D = " + std::to_string(micro) + " x " + std::to_string(A) + " x " +
+                   std::to_string(W) + "; pass --expect-batch B to hold it to a figure)";
+  }
+  const int64_t job_dataset = job_integer(job.job, "dataset_size");
+  const bool drop_last = job.job.contains("drop_last") && job.job["drop_last"].is_boolean() && job.job["drop_last"].get<bool>();
+  plan.windows_per_epoch = job_dataset > 0 ? static_cast<int>(drop_last ? std::max<int64_t>(1, job_dataset / plan.update_batch)
+                                                                       : (job_dataset + plan.update_batch - 1) / plan.update_batch)
+                                           : K + 1;
+  std::vector<json> rank_json(W, json::array());
+  json manifest_updates = json::array();
+  json groups_per_update = json::array();
+  double clip = 0;
+  for (int u = 0; u < K; ++u) {
+    Window w;
+    w.update = u;
+    w.epoch = u / plan.windows_per_epoch;
+    w.index_in_epoch = u % plan.windows_per_epoch;
+    w.partial = job_dataset > 0 && !drop_last && w.index_in_epoch == plan.windows_per_epoch - 1 &&
+                job_dataset % plan.update_batch != 0;
+    w.slots.assign(W, std::vector<Microbatch>(A));
+    for (int g = 0; g < W; ++g) {
+      const ObservedUpdate& r = rec[u][g];
+      json consumed = json::array();
+      for (int a = 0; a < A; ++a) {
+        Microbatch& mb = w.slots[g][a];
+        if (a < static_cast<int>(r.microsteps.size()))
+          for (const auto& e : r.microsteps[a].examples) {
+            const int64_t id = id_for(e);
+            mb.ids.push_back(id);
+            mb.input_tokens += static_cast<int64_t>(e.tokens.size());
+            mb.valid_targets += targets_of_id[id];
+          }
+        w.ids.insert(w.ids.end(), mb.ids.begin(), mb.ids.end());
+        w.valid_targets += mb.valid_targets;
+        consumed.push_back(mb.ids);
+      }
+      json entry = {{"update", u}, {"consumed", consumed}, {"loss_sum", r.loss_sum}};
+      if (!r.replicas.empty()) entry["replicas"] = r.replicas;
+      rank_json[g].push_back(entry);
+      if (r.clip_max_norm > 0) {
+        if (clip > 0 && r.clip_max_norm != clip)
+          throw std::invalid_argument("rank " + std::to_string(g) + ", update " + std::to_string(u) +
+                                      ": clip_grad_norm_ max_norm " + figure_text(r.clip_max_norm) + ", earlier " + figure_text(clip) +
+                                      ": gradcert observe certifies one max_norm");
+        clip = r.clip_max_norm;
+      }
+    }
+    plan.windows.push_back(std::move(w));
+    const ObservedUpdate& r0 = rec[u][0];
+    const int64_t n_items = r0.microsteps.front().num_items_in_batch;
+    json m = {{"update", u}, {"loss", nullptr}, {"valid_targets", n_items >= 0 ? json(n_items) : json(nullptr)},
+              {"step_seconds", r0.step_seconds}};
+    if (job.sharded) {
+      json gf = json::array(), pf = json::array();
+      for (int g = 0; g < W; ++g) {
+        gf.push_back(rec[u][g].grads.at(0));
+        pf.push_back(rec[u][g].params.at(0));
+      }
+      m["grads"] = gf;
+      m["params"] = pf;
+    } else {
+      m["grads"] = r0.grads.at(0);
+      m["params"] = r0.params.at(0);
+    }
+    manifest_updates.push_back(m);
+    if (!r0.groups.is_array())
+      throw ArtifactError(dir + "/" + observed_update_file(0, u) + ": field 'groups' is missing (rank 0 records the param groups)");
+    json groups = json::array();
+    for (const auto& g : r0.groups) groups.push_back(reference_group(g, job.optimizer_kind, job.optimizer_class, out.unsupported_optimizer));
+    groups_per_update.push_back(groups);
+  }
+  for (int u = 0; u < K; ++u)
+    for (int g = 1; g < W; ++g)
+      if (rec[u][g].microsteps.size() != rec[u][0].microsteps.size())
+        out.notes += "rank " + std::to_string(g) + " ran " + std::to_string(rec[u][g].microsteps.size()) +
+                     " forwards in update " + std::to_string(u) + ", rank 0 " + std::to_string(rec[u][0].microsteps.size()) + "; ";
+
+  // The spec the reference and the report read.
+  Spec& spec = run.spec;
+  if (job.vocab <= 0) throw std::invalid_argument("observed.json: the integration saw no forward's logits (model.vocab is null)");
+  spec.model.vocab = job.vocab;
+  spec.model.max_len = std::max<int>(job.max_len, static_cast<int>(longest));
+  spec.model.factory = req.model;
+  std::string model_source = "--model " + req.model;
+  if (spec.model.factory.empty() && !job.factory.empty()) spec.model.factory = job.factory, model_source = "gradcert.watch(factory=" + job.factory + ")";
+  if (spec.model.factory.empty() && job.hf)
+    spec.model.factory = fs::absolute(dir + "/observed_model.py").string() + ":build", model_source = "its saved Hugging Face config (" + job.model_class + ")";
+  if (spec.model.factory.empty())
+    throw std::invalid_argument("gradcert cannot rebuild the job's model " + job.model_class +
+                                " for the reference: it is not a Hugging Face PreTrainedModel. Pass --model FILE.py:FUNC, or "
+                                "gradcert.watch(model, optimizer, factory=FUNC), FUNC(vocab_size, max_len) -> the model");
+  spec.dataset.size = static_cast<int>(std::max<int64_t>(job_dataset, static_cast<int64_t>(targets_of_id.size())));
+  spec.batch.micro = micro;
+  spec.batch.accum = A;
+  spec.topology = {W, 1, 1};
+  spec.updates = K;
+  spec.dtype = job.dtype == "float64" ? DType::Float64 : job.dtype == "float32" ? DType::Float32 : DType::BFloat16;
+  for (const auto& ac : job.autocast)  // lower-precision compute inside: that dtype's calibrated tolerance
+    if (ac.find("bfloat16") != std::string::npos || ac.find("float16") != std::string::npos) {
+      spec.tolerance.float32 = spec.tolerance.float64 = spec.tolerance.bfloat16;
+      spec.tolerance.scale_float32 = spec.tolerance.scale_float64 = spec.tolerance.scale_bfloat16;
+      out.notes += "autocast " + ac + ": held to bfloat16's calibrated tolerances; ";
+    }
+  const json& g0 = groups_per_update[0][0];
+  spec.optimizer.name = g0["name"] == "sgd" ? "sgd" : "adamw";
+  spec.optimizer.lr = g0["lr"].get<double>();
+  spec.optimizer.momentum = g0["momentum"].get<double>();
+  spec.optimizer.weight_decay = g0["weight_decay"].get<double>();
+  spec.optimizer.beta1 = g0["beta1"].get<double>();
+  spec.optimizer.beta2 = g0["beta2"].get<double>();
+  spec.optimizer.eps = g0["eps"].get<double>();
+  spec.optimizer.max_grad_norm = clip;
+  targets_of_id.resize(static_cast<size_t>(spec.dataset.size), 0);  // examples the job never showed: unseen
+  run.targets_of_id = targets_of_id;
+  run.checked = plan;
+  run.legs = {RunLegPlan{spec, plan, 0}};
+  run.python = job.python;
+  run.request.backend = "observed";
+  run.request.world = W;
+  run.request.run_dir = dir;
+  for (const auto& a : req.argv) run.request.command += (run.request.command.empty() ? "" : " ") + a;
+
+  // The run folder's inputs and artifacts.
+  json plan_json = json::parse(plan_to_json(plan, spec));
+  plan_json["observed"] = {{"optimizer", {{"class", job.optimizer_class}, {"updates", groups_per_update}}},
+                           {"frozen", job.frozen},
+                           {"job", job.job}};
+  write_file_atomic(dir + "/spec.json", spec_to_json(spec));
+  write_file_atomic(dir + "/plan.json", plan_json.dump(1));
+  write_file_atomic(dir + "/dataset.json", json{{"schema", "gradcert.dataset/1"}, {"ignore_index", kIgnoreIndex},
+                                                {"pad_token", kPadToken}, {"samples", samples}}.dump());
+  for (int g = 0; g < W; ++g)
+    write_file_atomic(dir + "/rank" + std::to_string(g) + ".json",
+                      json{{"schema", "gradcert.rank/1"}, {"rank", g}, {"dp_rank", g}, {"nonce", nonce},
+                           {"updates", rank_json[g]}}.dump(1));
+  write_file_atomic(dir + "/manifest.json",
+                    json{{"schema", job.sharded ? "gradcert.artifacts/2" : "gradcert.artifacts/1"}, {"backend", "observed"},
+                         {"world", W}, {"nonce", nonce}, {"updates", manifest_updates}}.dump(1));
+
+  // What the report says about the job.
+  std::string facts = "observed " + range_text(K) + " of `" + run.request.command + "` through " + job.integration +
+                      " (world " + std::to_string(W) + ", " + job.model_class + ", " + job.dtype + "); B_update from " +
+                      batch_source + "; the reference rebuilt the model from " + model_source + "; optimizer " +
+                      job.optimizer_class + (clip > 0 ? ", clip_grad_norm_ max_norm " + figure_text(clip) : std::string()) +
+                      "; labels " + (job.labels.empty() ? "?" : job.labels) +
+                      (job.hf_loss_type.empty() ? std::string() : " (HF loss_type " + job.hf_loss_type + ")");
+  if (!job.frozen.empty()) facts += "; " + std::to_string(job.frozen.size()) + " frozen tensors held unchanged";
+  if (!job.dropout.empty()) {
+    facts += "; dropout turned off for the observed updates in";
+    for (size_t i = 0; i < job.dropout.size() && i < 6; ++i) facts += (i ? ", " : " ") + job.dropout[i];
+    if (job.dropout.size() > 6) facts += " and " + std::to_string(job.dropout.size() - 6) + " more";
+  }
+  if (job_dataset <= 0) facts += "; no epoch end known (the integration saw no dataset size)";
+  out.notes = facts + (out.notes.empty() ? "" : "; " + out.notes.substr(0, out.notes.size() - 2));
+  return out;
+}
+
+}  // namespace gradcert

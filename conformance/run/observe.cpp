@@ -17,6 +17,14 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// The report's optimizer column: the rule the reference steps (sgd, adam, adamw), else the class's
+// own name (the diagnosis names the full class).
+std::string optimizer_label(const ObservedJob& job) {
+  if (!job.optimizer_kind.empty()) return job.optimizer_kind;
+  const auto dot = job.optimizer_class.rfind('.');
+  return dot == std::string::npos ? job.optimizer_class : job.optimizer_class.substr(dot + 1);
+}
+
 const char* const kWhy = "add `gradcert.watch(model, optimizer)` after the job builds them (or "
                          "`callbacks=[gradcert.hf.Callback()]` to an HF Trainer), and run the job in a Python "
                          "environment where `import gradcert` works (README, \"Certify your own training job\")";
@@ -42,6 +50,19 @@ std::string progress(const std::string& dir, int world) {
            (k == 0 ? "none" : k == 1 ? "update 0" : "updates 0.." + std::to_string(k - 1));
   }
   return out;
+}
+
+// "rank 1 ended first (after update 1; rank 0 got through update 2)" when the ranks' progress
+// differs: the rank that died or stopped is the one that recorded least. "" when all agree.
+std::string first_to_end(const std::string& dir, int world) {
+  int lo = 1 << 30, hi = 0;
+  for (int g = 0; g < world; ++g) lo = std::min(lo, updates_recorded(dir, g)), hi = std::max(hi, updates_recorded(dir, g));
+  if (lo == hi) return "";
+  std::string ranks;
+  for (int g = 0; g < world; ++g)
+    if (updates_recorded(dir, g) == lo) ranks += (ranks.empty() ? "" : ", ") + std::to_string(g);
+  return "rank " + ranks + " ended first, " + (lo == 0 ? "before recording any update" : "after recording update " + std::to_string(lo - 1)) +
+         " (another rank got through update " + std::to_string(hi - 1) + "): ";
 }
 
 // Any rank's error file, as one message naming the rank and the update.
@@ -114,14 +135,14 @@ RunReport observe_job(const ObserveRequest& req) {
   }
   report.topology = {job.world, 1, 1};
   report.dtype = job.dtype;
-  report.optimizer = job.optimizer_class;
+  report.optimizer = optimizer_label(job);
   int done = req.updates;
   for (int g = 0; g < job.world; ++g) done = std::min(done, updates_recorded(dir, g));
   if (exists(dir + "/" + observed_update_file(job.world, 0)))
     report.error = "rank " + std::to_string(job.world) + " recorded update 0, but the job started with world " +
                    std::to_string(job.world) + " (the world changed mid-run): gradcert observe certifies one world";
   else if (!launched.ok)
-    report.error = failed + "\nWhat every rank recorded before it ended: " + progress(dir, job.world) +
+    report.error = first_to_end(dir, job.world) + failed + "\nWhat every rank recorded before it ended: " + progress(dir, job.world) +
                    (done < req.updates ? " (update " + std::to_string(done) + " never completed)" : "");
   else if (done < req.updates)
     report.error = "the job ended (exit 0) after " + std::to_string(done) + " of the --updates " +
@@ -143,7 +164,7 @@ RunReport observe_job(const ObserveRequest& req) {
   }
   RunReport checked = report_of(observed.run);
   checked.interrupted = report.interrupted;
-  checked.optimizer = job.optimizer_class;
+  checked.optimizer = optimizer_label(job);
   check_artifacts(checked, observed.run, nonce, dir);
   if (!observed.unsupported_optimizer.empty()) skip_params_checks(checked, observed.unsupported_optimizer);
   checked.diagnosis.note = observed.notes + (checked.diagnosis.note.empty() ? "" : "; " + checked.diagnosis.note);

@@ -66,7 +66,7 @@ struct ModelCase {
 };
 
 std::string factory_of(const std::string& model) {
-  return model == "tiny_lm" ? kRepo + "/gradcert.tiny_lm:tiny_lm" : kFactories + ":" + model;
+  return model == "tiny_lm" ? std::string("gradcert.tiny_lm:tiny_lm") : kFactories + ":" + model;
 }
 
 class ConformanceAnyModel : public testing::TestWithParam<ModelCase> {};

@@ -122,7 +122,7 @@ TEST(ConformanceCheck, ExternalModelRunCheckedAgainOnThePythonReference) {
   r.backend = kExternalBackend;
   r.world = 2;
   r.spec.topology.dp = 2;
-  r.spec.model.factory = kRepo + "/gradcert.tiny_lm:tiny_lm";
+  r.spec.model.factory = "gradcert.tiny_lm:tiny_lm";
   r.spec.timeout.run_s = 240;
   r.spec.timeout.collective_s = 60;
   r.command = kRepo + "/.venv/bin/torchrun --nproc_per_node=$GRADCERT_NPROC --master_addr=127.0.0.1 "

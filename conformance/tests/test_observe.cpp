@@ -1,0 +1,111 @@
+// `gradcert observe -- CMD`: a user's own training job (examples/observe/ddp_loop.py, plain
+// PyTorch DDP under torchrun with its own data, sampler, accumulation, AdamW, warm-up and
+// clipping) certified on what it did; its planted loss bugs diagnosed; a crashed, stopped or
+// short job and a job without the integration each end in an error that says which.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <sstream>
+
+#include "conformance/tests/support.hpp"
+
+using namespace gradcert;
+
+namespace {
+
+const std::string kRepo = GRADCERT_SOURCE_DIR;
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// `gradcert observe` on the example under torchrun (2 ranks, a free rendezvous port), the
+// example started through `script` (the example itself or the fault fixture).
+test::CliResult observe(const std::string& out, const std::string& gradcert_args, const std::string& script,
+                        const std::string& job_args) {
+  return test::run_cli("observe --out " + out + " " + gradcert_args + " -- " + kRepo +
+                       "/.venv/bin/torchrun --standalone --nproc_per_node 2 " + script + " " + job_args);
+}
+
+const std::string kExample = kRepo + "/examples/observe/ddp_loop.py";
+const std::string kFaults = kRepo + "/conformance/tests/observe_faults.py";
+
+std::string verdict_of(const nlohmann::json& run, const std::string& id) {
+  for (const auto& c : run["checks"])
+    if (c["id"] == id) return c["verdict"];
+  return "absent";
+}
+
+}  // namespace
+
+// The correct job (global token mean over the whole window) passes every check at float64;
+// the report names what was observed.
+TEST(ConformanceObserve, PlainDdpJobWithTheGlobalMeanPasses) {
+  const std::string out = test::fresh_dir("gradcert_observe", "pass");
+  const auto r = observe(out, "--updates 3", kExample, "--loss global-mean");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto j = nlohmann::json::parse(slurp(out + "/report.json"));
+  ASSERT_EQ(j["runs"].size(), 1u);
+  const auto& run = j["runs"][0];
+  EXPECT_EQ(run["verdict"], "pass") << r.out;
+  for (const char* id : {"grad.parity", "grad.scale", "params.parity", "params.trajectory", "batch.update_size",
+                         "batch.sample_ledger", "replicas.agree"})
+    EXPECT_EQ(verdict_of(run, id), "pass") << id << "\n" << r.out;
+  EXPECT_EQ(run["updates"], 3) << r.out;
+  EXPECT_NE(r.out.find("through watch (world 2"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("clip_grad_norm_ max_norm 1"), std::string::npos) << r.out;
+}
+
+// The 2024 gradient-accumulation bug (each microbatch's own token mean, divided by A) and the
+// per-rank mean both fail grad.parity, and the diagnosis names what the job computed instead.
+TEST(ConformanceObserve, PlantedLossBugsFailAndAreDiagnosed) {
+  for (const std::string bug : {"micro-mean", "local-mean"}) {
+    const std::string out = test::fresh_dir("gradcert_observe", bug);
+    const auto r = observe(out, "--updates 2", kExample, "--loss " + bug);
+    EXPECT_EQ(r.code, 1) << bug << "\n" << r.out;
+    const auto j = nlohmann::json::parse(slurp(out + "/report.json"));
+    const auto& run = j["runs"][0];
+    EXPECT_EQ(verdict_of(run, "grad.parity"), "fail") << bug << "\n" << r.out;
+    EXPECT_NE(r.out.find("matches " + bug), std::string::npos) << bug << "\n" << r.out;
+  }
+}
+
+// A rank that dies mid-run: the error names the rank and what every rank recorded.
+TEST(ConformanceObserve, CrashedRankIsNamed) {
+  const std::string out = test::fresh_dir("gradcert_observe", "crash");
+  const auto r = observe(out, "--updates 3", kFaults, "crash 1 2 -- --loss global-mean");
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.code, 1) << "a crash is an error, not a failed check\n" << r.out;
+  EXPECT_NE(r.out.find("rank 1 ended first, after recording update 1"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("update 2 never completed"), std::string::npos) << r.out;
+}
+
+// A rank that stops (hangs in its optimizer step): the timeout ends the run and names it.
+TEST(ConformanceObserve, StoppedRankTimesOutAndIsNamed) {
+  const std::string out = test::fresh_dir("gradcert_observe", "hang");
+  const auto r = observe(out, "--updates 3 --timeout 20", kFaults, "hang 1 1 -- --loss global-mean");
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("rank 1 ended first"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("20"), std::string::npos) << r.out;
+}
+
+// A job that ends cleanly before the K-th update: the error says how many it reached and what to ask.
+TEST(ConformanceObserve, ShortJobSaysHowManyUpdatesItReached) {
+  const std::string out = test::fresh_dir("gradcert_observe", "short");
+  const auto r = observe(out, "--updates 3", kExample, "--steps 2");
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("after 2 of the --updates 3"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--updates 2"), std::string::npos) << r.out;
+}
+
+// A command with no gradcert integration in it is never certified.
+TEST(ConformanceObserve, JobWithoutTheIntegrationIsNotCertified) {
+  const std::string out = test::fresh_dir("gradcert_observe", "none");
+  const auto r = test::run_cli("observe --out " + out + " -- " + kRepo + "/.venv/bin/python -c 'print(1)'");
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("without recording anything"), std::string::npos) << r.out;
+}

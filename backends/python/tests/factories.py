@@ -1,4 +1,4 @@
-"""Model factories for tests/test_gradcert.ref.py: user models that are not gradcert's
+"""Model factories for tests/test_gradcert_ref.py and tests/test_gradcert_client.py: user models that are not gradcert's
 tiny LM (other architecture, other parameter names), in the factory contract of
 gradcert/ref/factory.py: FUNC(vocab_size, max_len) -> nn.Module, forward(ids) -> logits."""
 

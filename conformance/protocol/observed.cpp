@@ -158,6 +158,7 @@ ObservedUpdate read_observed_update(const std::string& dir, int rank, int update
   }
   o.loss_sum = top.number("loss_sum");
   o.step_seconds = top.number("step_seconds");
+  if (j.contains("record_seconds")) o.record_seconds = top.number("record_seconds");
   if (!top.null("clip")) {
     const Fields c{top.at("clip"), path + " clip"};
     o.clip_max_norm = c.number("max_norm");

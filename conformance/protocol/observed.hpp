@@ -43,6 +43,7 @@ struct ObservedUpdate {
   std::vector<ObservedMicrostep> microsteps;
   double loss_sum = 0;       ///< gradcert's S_r on the job's logits
   double step_seconds = 0;   ///< the job's own step time, the recording excluded
+  double record_seconds = -1;  ///< what recording the update cost the rank (-1: not recorded)
   double clip_max_norm = 0;  ///< 0: the job did not call clip_grad_norm_ this update
   std::vector<std::string> grads, params;  ///< one file (whole tensors) or one per rank (pieces)
   bool sharded = false;

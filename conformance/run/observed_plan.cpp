@@ -91,6 +91,29 @@ json reference_group(const json& g, const std::string& kind, const std::string& 
   return out;
 }
 
+// NOTE [observing cost] What recording cost the job, paired per update in this run: the slowest
+// rank's step with the recording (hooks, copies, files: record_seconds) over the slowest rank's
+// step without it (step_seconds), the median over the observed updates. Update 0 counts from
+// watch() to the first step. "" when a rank did not time its recording.
+std::string observing_cost(const std::vector<std::vector<ObservedUpdate>>& rec) {
+  std::vector<double> ratios;
+  for (const auto& ranks : rec) {
+    double with = 0, without = 0;
+    for (const auto& r : ranks) {
+      if (r.record_seconds < 0) return "";
+      with = std::max(with, r.step_seconds + r.record_seconds);
+      without = std::max(without, r.step_seconds);
+    }
+    if (without > 0) ratios.push_back(with / without);
+  }
+  if (ratios.empty()) return "";
+  std::sort(ratios.begin(), ratios.end());
+  const size_t n = ratios.size();
+  const double median = n % 2 ? ratios[n / 2] : (ratios[n / 2 - 1] + ratios[n / 2]) / 2;
+  return "; observing cost: the job's step took " + figure_text(median) + "x its time without the recording (median of " +
+         std::to_string(n) + " updates, NOTE [observing cost])";
+}
+
 std::string range_text(int n) { return n == 1 ? "update 0" : "updates 0.." + std::to_string(n - 1); }
 
 }  // namespace
@@ -157,9 +180,12 @@ ObservedRun plan_observed(const ObserveRequest& req, const ObservedJob& job, con
   }
   const int64_t job_dataset = job_integer(job.job, "dataset_size");
   const bool drop_last = job.job.contains("drop_last") && job.job["drop_last"].is_boolean() && job.job["drop_last"].get<bool>();
-  plan.windows_per_epoch = job_dataset > 0 ? static_cast<int>(drop_last ? std::max<int64_t>(1, job_dataset / plan.update_batch)
-                                                                       : (job_dataset + plan.update_batch - 1) / plan.update_batch)
-                                           : K + 1;
+  const int64_t job_windows = job_integer(job.job, "windows_per_epoch");  // the job's loader length / A, where seen
+  plan.windows_per_epoch = job_windows > 0   ? static_cast<int>(job_windows)
+                           : job_dataset > 0 ? static_cast<int>(drop_last ? std::max<int64_t>(1, job_dataset / plan.update_batch)
+                                                                          : (job_dataset + plan.update_batch - 1) / plan.update_batch)
+                                             : K + 1;
+  const bool epoch_known = job_windows > 0 || job_dataset > 0;
   std::vector<json> rank_json(W, json::array());
   json manifest_updates = json::array();
   json groups_per_update = json::array();
@@ -169,8 +195,7 @@ ObservedRun plan_observed(const ObserveRequest& req, const ObservedJob& job, con
     w.update = u;
     w.epoch = u / plan.windows_per_epoch;
     w.index_in_epoch = u % plan.windows_per_epoch;
-    w.partial = job_dataset > 0 && !drop_last && w.index_in_epoch == plan.windows_per_epoch - 1 &&
-                job_dataset % plan.update_batch != 0;
+
     w.slots.assign(W, std::vector<Microbatch>(A));
     for (int g = 0; g < W; ++g) {
       const ObservedUpdate& r = rec[u][g];
@@ -199,6 +224,10 @@ ObservedRun plan_observed(const ObserveRequest& req, const ObservedJob& job, con
         clip = r.clip_max_norm;
       }
     }
+    // The window that ends an epoch is partial when it held fewer examples than B_update
+    // (batch.update_size then holds it to its own size; a padded one is the ledger's finding).
+    w.partial = epoch_known && w.index_in_epoch == plan.windows_per_epoch - 1 &&
+                static_cast<int64_t>(w.ids.size()) < plan.update_batch;
     plan.windows.push_back(std::move(w));
     const ObservedUpdate& r0 = rec[u][0];
     const int64_t n_items = r0.microsteps.front().num_items_in_batch;
@@ -304,7 +333,8 @@ ObservedRun plan_observed(const ObserveRequest& req, const ObservedJob& job, con
     for (size_t i = 0; i < job.dropout.size() && i < 6; ++i) facts += (i ? ", " : " ") + job.dropout[i];
     if (job.dropout.size() > 6) facts += " and " + std::to_string(job.dropout.size() - 6) + " more";
   }
-  if (job_dataset <= 0) facts += "; no epoch end known (the integration saw no dataset size)";
+  if (!epoch_known) facts += "; no epoch end known (the integration saw no dataset size)";
+  facts += observing_cost(rec);
   out.notes = facts + (out.notes.empty() ? "" : "; " + out.notes.substr(0, out.notes.size() - 2));
   return out;
 }

@@ -14,8 +14,10 @@ import time
 import torch
 
 fault, rank, update = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-sys.argv = [sys.argv[0]] + sys.argv[5:]
+sys.argv = [None] + sys.argv[5:]
 example = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples", "observe", "ddp_loop.py")
+sys.argv[0] = os.path.realpath(example)
+sys.path.insert(0, os.path.dirname(sys.argv[0]))  # as `python ddp_loop.py` would: its toy.py
 steps = [0]
 original = torch.optim.AdamW.step
 

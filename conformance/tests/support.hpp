@@ -42,10 +42,10 @@ struct CliResult {
   std::string out;
 };
 
-/// Runs the gradcert executable (GRADCERT_EXE) with `args` (shell words) and waits for it.
-inline CliResult run_cli(const std::string& args) {
+/// Runs a shell command line and waits for it.
+inline CliResult shell(const std::string& command) {
   CliResult c;
-  const std::string cmd = std::string(GRADCERT_EXE) + " " + args + " 2>&1";
+  const std::string cmd = command + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return c;
   std::array<char, 4096> buf{};
@@ -55,5 +55,8 @@ inline CliResult run_cli(const std::string& args) {
   c.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return c;
 }
+
+/// Runs the gradcert executable (GRADCERT_EXE) with `args` (shell words) and waits for it.
+inline CliResult run_cli(const std::string& args) { return shell(std::string(GRADCERT_EXE) + " " + args); }
 
 }  // namespace gradcert::test

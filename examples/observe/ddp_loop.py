@@ -3,9 +3,9 @@
     torchrun --nproc_per_node 2 examples/observe/ddp_loop.py             # trains (gradcert idle)
     gradcert observe -- torchrun --nproc_per_node 2 examples/observe/ddp_loop.py   # certified
 
-Its own model (an embedding, a GRU, a head), its own data (variable-length token rows, right
+Its own model and data (toy.py: a small causal transformer, variable-length token rows, right
 padded, pad targets -100), DistributedSampler, gradient accumulation with no_sync, AdamW
-with a warm-up schedule and gradient clipping. `gradcert.watch(model, optimizer, factory=build)`
+with a warm-up schedule and gradient clipping. `gradcert.watch(model, optimizer, factory=build, loader=..., accum=...)`
 is the only line gradcert needs; outside `gradcert observe` it does nothing.
 
 --loss picks how the job normalises its loss, the choice real loops get wrong:
@@ -19,62 +19,14 @@ is the only line gradcert needs; outside `gradcert observe` it does nothing.
 from __future__ import annotations
 
 import argparse
-import os
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
-import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import DataLoader, DistributedSampler
+from toy import MAX_LEN, VOCAB, Rows, build, collate, token_loss
 
 import gradcert
-
-VOCAB, MAX_LEN = 40, 16
-
-
-class GruLM(nn.Module):
-    def __init__(self, vocab_size: int, d: int = 12):
-        super().__init__()
-        self.emb = nn.Embedding(vocab_size, d)
-        self.rnn = nn.GRU(d, d, batch_first=True)
-        self.head = nn.Linear(d, vocab_size)
-
-    def forward(self, input_ids, targets=None):
-        h, _ = self.rnn(self.emb(input_ids))
-        return self.head(h)
-
-
-def build(vocab_size: int, max_len: int) -> nn.Module:
-    """How gradcert's reference rebuilds this model (its weights come from the job)."""
-    return GruLM(vocab_size)
-
-
-class Rows(Dataset):
-    """Token rows of 3..MAX_LEN tokens; targets are the next token (already shifted)."""
-
-    def __init__(self, n: int, seed: int = 7):
-        g = torch.Generator().manual_seed(seed)
-        self.rows = []
-        for _ in range(n):
-            length = int(torch.randint(3, MAX_LEN + 1, (1,), generator=g))
-            self.rows.append(torch.randint(1, VOCAB, (length + 1,), generator=g))
-
-    def __len__(self):
-        return len(self.rows)
-
-    def __getitem__(self, i):
-        r = self.rows[i]
-        return r[:-1], r[1:]
-
-
-def collate(batch):
-    T = max(len(x) for x, _ in batch)
-    ids = torch.zeros(len(batch), T, dtype=torch.long)
-    tg = torch.full((len(batch), T), -100, dtype=torch.long)
-    for b, (x, y) in enumerate(batch):
-        ids[b, : len(x)], tg[b, : len(y)] = x, y
-    return ids, tg
 
 
 def main():
@@ -91,17 +43,15 @@ def main():
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     dtype = getattr(torch, args.dtype)
-    model = GruLM(VOCAB).to(dtype)
+    model = build(VOCAB, MAX_LEN).to(dtype)
     ddp = DDP(model)
     opt = torch.optim.AdamW(ddp.parameters(), lr=3e-3, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 4))
-    # The one line gradcert needs (a no-op outside `gradcert observe`).
-    gradcert.watch(ddp, opt, factory=build, job={"expect_batch": args.micro * args.accum * world,
-                                                 "dataset_size": args.rows, "drop_last": False})
-
     data = Rows(args.rows)
     sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=1)
     loader = DataLoader(data, batch_size=args.micro, sampler=sampler, collate_fn=collate)
+    # The one line gradcert needs (a no-op outside `gradcert observe`).
+    gradcert.watch(ddp, opt, factory=build, loader=loader, accum=args.accum)
     step = 0
     for epoch in range(100):
         sampler.set_epoch(epoch)
@@ -118,13 +68,12 @@ def main():
                 ctx = ddp.no_sync() if not last else torch.enable_grad()
                 with ctx:
                     logits = ddp(ids, targets=tg)
-                    flat = logits.reshape(-1, logits.size(-1)), tg.reshape(-1)
                     if args.loss == "global-mean":
-                        loss = F.cross_entropy(*flat, ignore_index=-100, reduction="sum") / n_global * world
+                        loss = token_loss(logits, tg) / n_global * world
                     elif args.loss == "local-mean":
-                        loss = F.cross_entropy(*flat, ignore_index=-100, reduction="sum") / n_local
+                        loss = token_loss(logits, tg) / n_local
                     else:
-                        loss = F.cross_entropy(*flat, ignore_index=-100) / args.accum
+                        loss = token_loss(logits, tg, reduction="mean") / args.accum
                     loss.backward()
             torch.nn.utils.clip_grad_norm_(ddp.parameters(), 1.0)
             opt.step()

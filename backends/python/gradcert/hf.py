@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
 
 from transformers import TrainerCallback
 
@@ -39,7 +40,14 @@ class Callback(TrainerCallback):
         job = {"source": "TrainingArguments", "micro": micro, "accum": accum, "expect_batch": micro * accum * world,
                "max_grad_norm": float(args.max_grad_norm or 0.0),
                "average_tokens_across_devices": getattr(args, "average_tokens_across_devices", None),
-               "optim": str(getattr(args, "optim", "")), "lr_scheduler_type": str(args.lr_scheduler_type)}
+               "optim": str(getattr(args, "optim", "")), "lr_scheduler_type": str(args.lr_scheduler_type),
+               "drop_last": bool(args.dataloader_drop_last)}
+        loader = kwargs.get("train_dataloader")
+        try:  # the epoch's windows as the Trainer counts them: ceil(batches per rank / A)
+            job["dataset_size"] = len(loader.dataset)
+            job["windows_per_epoch"] = math.ceil(len(loader) / accum)
+        except (TypeError, AttributeError):
+            pass
         self.observer = observe.watch(model, optimizer, factory=self.factory, labels="hf", integration="hf-trainer",
                                       job=job)
 

@@ -19,11 +19,14 @@ off, the label convention, the optimizer and the job's own batch settings. After
 GRADCERT_OBSERVE_UPDATES updates every rank ends the job cleanly (exit 0).
 
 Outside `gradcert observe` nothing here runs: `watch` returns a handle that does nothing.
+
+The helpers that read the job's objects and inputs (unwrapping, examples and their keys,
+dropout, a Hugging Face model's config) are in gradcert._observe_facts; every name is also
+importable from here.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import sys
@@ -33,22 +36,18 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ._observe_facts import (  # noqa: F401  (re-exported: gradcert.observe.NAME as before)
+    DROPOUT_ATTRS, DROPOUT_TYPES, IGNORE, OBSERVED_MODEL_PY, ObserveError, _dropout_text, _is_dtensor, loader_facts, model_max_len,
+    _local, _versions, example_key, example_rows, factory_string, hf_saved_config, qualified, shifted_targets,
+    turn_off_dropout, unwrap_model, unwrap_optimizer)
 from .ref import client
 
 ENV_DIR = "GRADCERT_OBSERVE_DIR"
 ENV_UPDATES = "GRADCERT_OBSERVE_UPDATES"
 ENV_KEEP_DROPOUT = "GRADCERT_OBSERVE_KEEP_DROPOUT"
-IGNORE = -100
 SCHEMA_RANK = "gradcert.observed-rank/1"
 SCHEMA_JOB = "gradcert.observed/1"
-DROPOUT_TYPES = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)
-# Float attributes that HF attention code reads as its dropout probability (not modules).
-DROPOUT_ATTRS = ("attention_dropout", "attn_dropout", "dropout", "dropout_p", "dropout_prob", "attn_pdrop")
 SUPPORTED_OPTIMIZERS = {"SGD": "sgd", "Adam": "adam", "AdamW": "adamw"}
-
-
-class ObserveError(RuntimeError):
-    """Something the integration cannot record; the job is ended with this message."""
 
 
 def observing() -> bool:
@@ -67,194 +66,11 @@ class NoOp:
     def set_job(self, **_):
         return self
 
-    def close(self):
+    def capture_grads(self):
         pass
 
-
-# --------------------------------------------------------------------------------------
-# Unwrapping the job's objects
-# --------------------------------------------------------------------------------------
-
-
-def unwrap_model(model: nn.Module) -> nn.Module:
-    """The module whose forward sees the inputs and whose parameter names are canonical:
-    through DDP / FSDP1 / DeepSpeed engines (`.module`), torch.compile (`._orig_mod`)."""
-    for _ in range(8):
-        kind = type(model).__name__
-        if kind in ("DistributedDataParallel", "DataParallel", "FullyShardedDataParallel", "DeepSpeedEngine",
-                    "PipelineEngine") and isinstance(getattr(model, "module", None), nn.Module):
-            model = model.module
-        elif isinstance(getattr(model, "_orig_mod", None), nn.Module):
-            model = model._orig_mod
-        else:
-            return model
-    return model
-
-
-def unwrap_optimizer(optimizer):
-    """The torch.optim.Optimizer that steps (AcceleratedOptimizer, LightningOptimizer and
-    DeepSpeed's wrappers hold it as `.optimizer`)."""
-    for _ in range(8):
-        if isinstance(optimizer, torch.optim.Optimizer):
-            return optimizer
-        inner = getattr(optimizer, "optimizer", None) or getattr(optimizer, "_optimizer", None)
-        if inner is None:
-            break
-        optimizer = inner
-    if not isinstance(optimizer, torch.optim.Optimizer):
-        raise ObserveError(f"gradcert.watch: {type(optimizer).__name__} is not a torch.optim.Optimizer and wraps none "
-                           f"(pass the optimizer the job steps)")
-    return optimizer
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if hasattr(t, "to_local") else t
-
-
-def _is_dtensor(t) -> bool:
-    return hasattr(t, "to_local") and hasattr(t, "placements")
-
-
-def qualified(obj) -> str:
-    t = obj if isinstance(obj, type) else type(obj)
-    return f"{t.__module__}.{t.__qualname__}"
-
-
-def factory_string(factory) -> str | None:
-    """A factory callable as FILE.py:FUNC (a function of a script) or module:FUNC."""
-    if factory is None or isinstance(factory, str):
-        return factory
-    mod = sys.modules.get(getattr(factory, "__module__", ""), None)
-    name = getattr(factory, "__qualname__", getattr(factory, "__name__", None))
-    if name is None or "<" in name:
-        raise ObserveError(f"gradcert.watch(factory=...): {factory!r} has no importable name (a lambda or a "
-                           f"nested function); pass a module-level function or 'FILE.py:FUNC'")
-    path = getattr(mod, "__file__", None)
-    if factory.__module__ == "__main__" or (path and not _importable(factory.__module__)):
-        if not path:
-            raise ObserveError("gradcert.watch(factory=...): the factory's file is unknown; pass 'FILE.py:FUNC'")
-        return f"{os.path.abspath(path)}:{name}"
-    return f"{factory.__module__}:{name}"
-
-
-def _importable(module: str) -> bool:
-    import importlib.util
-
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        return False
-
-
-# --------------------------------------------------------------------------------------
-# Examples from a forward's inputs
-# --------------------------------------------------------------------------------------
-
-
-def shifted_targets(labels: torch.Tensor, convention: str) -> torch.Tensor:
-    """gradcert's targets: position t predicts target[t]. "hf": the model shifts (labels[t+1]
-    is position t's target, as HF causal LMs' loss does); "shifted": given as targets."""
-    if convention == "shifted":
-        return labels
-    out = torch.full_like(labels, IGNORE)
-    out[..., :-1] = labels[..., 1:]
-    return out
-
-
-def example_rows(input_ids: torch.Tensor, targets: torch.Tensor, attention_mask, position_ids):
-    """[(tokens, targets)] per row, right padding cut where no target needs it. Left padding and
-    packed rows (position ids that restart) are refused: the reference would see another input."""
-    ids = input_ids.detach().to("cpu", torch.long)
-    tg = targets.detach().to("cpu", torch.long)
-    if ids.dim() != 2 or tg.shape != ids.shape:
-        raise ObserveError(f"the forward's input_ids {list(ids.shape)} and labels {list(tg.shape)}: expected two "
-                           f"[batch, length] tensors of one shape")
-    T = ids.size(1)
-    if position_ids is not None:
-        pos = position_ids.detach().to("cpu", torch.long)
-        expect = torch.arange(T).expand_as(ids)
-        if pos.shape[-1] != T or not torch.equal(pos.expand_as(ids), expect):
-            raise ObserveError("the forward was given position_ids that are not 0..T-1 in every row (packed "
-                               "sequences or left padding): gradcert observe does not certify those yet")
-    mask = attention_mask.detach().to("cpu") if attention_mask is not None else None
-    rows = []
-    for b in range(ids.size(0)):
-        n = T
-        if mask is not None:
-            m = mask[b].reshape(-1)[:T] != 0
-            n = int(m.sum())
-            if n and not bool(m[:n].all()):
-                raise ObserveError("a row's attention_mask is not a run of ones then zeros (left padding or "
-                                   "packing): gradcert observe certifies right-padded rows")
-        valid = (tg[b] != IGNORE).nonzero()
-        if valid.numel():
-            n = max(n if mask is not None else 0, int(valid[-1]) + 1)
-        n = max(1, min(n, T))
-        rows.append((ids[b, :n].tolist(), tg[b, :n].tolist()))
-    return rows
-
-
-def example_key(tokens, targets) -> str:
-    """The example's identity: a digest of its tokens and targets (the job's sampler index is
-    not visible to a forward hook; two equal examples are one identity)."""
-    h = hashlib.blake2b(digest_size=10)
-    h.update(torch.tensor(tokens, dtype=torch.int64).numpy().tobytes())
-    h.update(b"|")
-    h.update(torch.tensor(targets, dtype=torch.int64).numpy().tobytes())
-    return "c" + h.hexdigest()
-
-
-def turn_off_dropout(model: nn.Module, keep: bool) -> list:
-    """Sets every dropout probability of the model to 0 (modules and the float attributes HF
-    attention reads); returns what it changed. keep: refuse a model with active dropout."""
-    changed = []
-    for name, m in model.named_modules():
-        where = name or "<root>"
-        if isinstance(m, DROPOUT_TYPES) and m.p > 0:
-            changed.append({"module": where, "type": type(m).__name__, "p": float(m.p)})
-            if not keep:
-                m.p = 0.0
-        for attr in DROPOUT_ATTRS:
-            v = m.__dict__.get(attr)
-            if isinstance(v, float) and v > 0:
-                changed.append({"module": where, "attribute": attr, "p": v})
-                if not keep:
-                    setattr(m, attr, 0.0)
-    if keep and changed:
-        raise ObserveError(f"--keep-dropout: the model has dropout ({_dropout_text(changed)}); gradcert cannot "
-                           f"reproduce random dropout masks. Without --keep-dropout it turns them off for the "
-                           f"observed updates and the report names them")
-    return changed
-
-
-def _dropout_text(changed) -> str:
-    parts = [f"{c['module']}{'.' + c['attribute'] if 'attribute' in c else ''} p={c['p']:g}" for c in changed[:4]]
-    return ", ".join(parts) + (f" and {len(changed) - 4} more" if len(changed) > 4 else "")
-
-
-def hf_saved_config(model: nn.Module):
-    """(config dict with dropout off, class path) of a Hugging Face PreTrainedModel, else None."""
-    cfg = getattr(model, "config", None)
-    if cfg is None or not hasattr(cfg, "to_dict") or not hasattr(type(model), "_from_config"):
-        return None
-    d = cfg.to_dict()
-    for k, v in list(d.items()):
-        if isinstance(v, float) and v > 0 and ("dropout" in k or "pdrop" in k):
-            d[k] = 0.0
-    impl = getattr(cfg, "_attn_implementation", None)
-    return {"class": qualified(model), "config": d, "attn_implementation": impl,
-            "loss_type": getattr(model, "loss_type", None)}
-
-
-OBSERVED_MODEL_PY = '''"""The observed job's model for gradcert's reference runner (written by gradcert.observe)."""
-import os
-
-from gradcert.hf import from_saved
-
-
-def build(vocab_size, max_len):
-    return from_saved(os.path.join(os.path.dirname(os.path.abspath(__file__)), "observed.model.json"))
-'''
+    def close(self):
+        pass
 
 
 # --------------------------------------------------------------------------------------
@@ -268,7 +84,7 @@ class Observer:
     active = True
 
     def __init__(self, model: nn.Module, optimizer, *, factory=None, labels: str | None = None,
-                 integration: str = "watch", job: dict | None = None):
+                 integration: str = "watch", job: dict | None = None, max_len: int | None = None):
         self.out = os.environ[ENV_DIR]
         self.updates_asked = int(os.environ.get(ENV_UPDATES, "3") or 3)
         self.nonce = client.run_nonce()
@@ -304,10 +120,11 @@ class Observer:
         self.micro: list = []
         self.S = 0.0
         self.vocab = None
-        self.max_len = 0
+        self.max_len = int(max_len) if max_len else model_max_len(self.model)
         self.seen_n_items = []
         self.clip = None
         self._pre_clip = None
+        self._forwards_at_pre_step = 0
         self._grads = None
         self._groups = None
         self._excluded = 0.0
@@ -460,12 +277,19 @@ class Observer:
             out[n] = (g.detach().clone() if g is not None else torch.zeros_like(p.detach()))
         return out
 
+    def capture_grads(self):
+        """The gradient the optimizer is about to step with, before any clipping: for loops that
+        run the window's backward inside `optimizer.step(closure)` (Lightning), whose step
+        pre-hook fires before the closure. The first capture after a step counts."""
+        if not self._ended and self._pre_clip is None:
+            self._pre_clip = self._read_grads()
+
     def _pre_step(self, optimizer, args, kwargs):
         if self._ended:
             return
         t = time.perf_counter()
         self._grads = self._pre_clip if self._pre_clip is not None else self._read_grads()
-        self._pre_clip = None
+        self._forwards_at_pre_step = len(self.micro)
         groups = []
         for g in optimizer.param_groups:
             h = {k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items()
@@ -484,6 +308,13 @@ class Observer:
         t = time.perf_counter()
         if self._grads is None:
             self.fail("the optimizer stepped without its step pre-hook having run (a fused or compiled step?)")
+        if self._pre_clip is not None:  # captured after the pre-hook: inside a closure (Lightning)
+            self._grads = self._pre_clip
+        elif len(self.micro) != self._forwards_at_pre_step:
+            self.fail("the optimizer ran forwards inside step(closure) after its step pre-hook, so the gradient it "
+                      "stepped with was not seen: call the observer's capture_grads() after the closure's backward "
+                      "(gradcert.lightning.Callback does this for Lightning)")
+        self._pre_clip = None
         if not self.micro:
             self.fail(f"update {self.update}: the optimizer stepped without a training forward of the watched "
                       f"model since the last step (is {qualified(self.model)} the model the job trains?)")
@@ -497,7 +328,7 @@ class Observer:
                 stored, placement = client.shard_pieces(tensors, dtype, self.rank)
                 path = os.path.join(self.out, f"u{u}.rank{self.rank}.{kind}.safetensors")
                 client.write_tensors(path, stored, dtype, u, metadata={"gradcert.placement": json.dumps(placement)})
-                files[kind] = [f"u{u}.rank{r}.{kind}.safetensors" for r in range(self.world)]
+                files[kind] = [os.path.basename(path)]  # this rank's pieces; gradcert lists every rank's
         else:
             files = {"grads": f"u{u}.grads.safetensors", "params": f"u{u}.params.safetensors"}
             if self.rank == 0:
@@ -510,6 +341,9 @@ class Observer:
             rec["replicas"] = client.replica_digests(params.items())
         if self.rank == 0:
             rec["groups"] = self._groups
+        # What recording this update cost this rank (hooks, copies, files): the job's own step
+        # time above excludes it (observing cost = (step + record) / step).
+        rec["record_seconds"] = self._excluded + (time.perf_counter() - t)
         client.write_json(os.path.join(self.out, f"observed.rank{self.rank}.u{u}.json"), rec)
         self.update += 1
         self.micro, self.S, self.clip, self._grads, self._groups = [], 0.0, None, None, None
@@ -547,15 +381,6 @@ class Observer:
         for h in self._handles:
             h.remove()
         self._handles = []
-
-
-def _versions() -> dict:
-    v = {"torch": torch.__version__, "python": sys.version.split()[0], "executable": sys.executable}
-    for name in ("transformers", "accelerate", "lightning", "deepspeed", "peft"):
-        mod = sys.modules.get(name)
-        if mod is not None and getattr(mod, "__version__", None):
-            v[name] = mod.__version__
-    return v
 
 
 # --------------------------------------------------------------------------------------
@@ -599,7 +424,7 @@ def _install_clip_wrapper():
 
 
 def watch(model: nn.Module, optimizer, *, factory=None, labels: str | None = None, integration: str = "watch",
-          job: dict | None = None):
+          job: dict | None = None, max_len: int | None = None, loader=None, accum: int | None = None):
     """Records the job for `gradcert observe`; a no-op handle outside it (leave it in).
 
     model: the job's model as it trains it (DDP / FSDP / DeepSpeed engine / compiled: unwrapped
@@ -608,6 +433,11 @@ def watch(model: nn.Module, optimizer, *, factory=None, labels: str | None = Non
       are unwrapped to the torch.optim.Optimizer inside).
     factory: how gradcert's reference rebuilds the model, for a model that is not a Hugging Face
       PreTrainedModel: a module-level function or 'FILE.py:FUNC', FUNC(vocab_size, max_len).
+    max_len: the max_len the factory is called with (default: the model's own, read from its
+      config or a `max_len` / `block_size` / `max_seq_len` attribute, else the longest row seen).
+    loader, accum: the job's DataLoader and accumulation steps, where the job has them: then
+      batch.update_size holds the job to loader.batch_size x accum x world and the epoch's end
+      is known (len(loader) / accum windows); without them, to what the job did.
     labels: 'hf' (labels as HF causal LMs take them, shifted by the model) or 'shifted'
       (labels[t] is position t's target); default: 'hf' for a `labels=` keyword, 'shifted' for
       `targets=` or a second positional argument.
@@ -615,7 +445,8 @@ def watch(model: nn.Module, optimizer, *, factory=None, labels: str | None = Non
     if not observing():
         return NoOp()
     try:
-        return Observer(model, optimizer, factory=factory, labels=labels, integration=integration, job=job)
+        return Observer(model, optimizer, factory=factory, labels=labels, integration=integration,
+                        job=dict(loader_facts(loader, accum), **(job or {})), max_len=max_len)
     except ObserveError as e:
         _fail_early(str(e))
 

@@ -1,0 +1,73 @@
+"""An accelerate training loop as its docs show it, with gradcert's integration in it.
+
+    accelerate launch --num_processes 2 examples/observe/accelerate_loop.py        # trains
+    gradcert observe -- torchrun --nproc_per_node 2 examples/observe/accelerate_loop.py   # certified
+
+`Accelerator(gradient_accumulation_steps=A)`, `prepare(model, optimizer, loader, scheduler)`,
+`with accelerator.accumulate(model):` backward / clip / step / zero_grad: accelerate's own
+sampler sharding, no_sync and accumulation. `gradcert.watch(model, optimizer, factory=build, loader=loader, accum=accum)`
+after `prepare` is the only gradcert line; outside `gradcert observe` it does nothing.
+
+--loss mean          the loss of accelerate's examples: the micro-batch's mean token loss
+                     (accelerate divides it by A): each micro-batch weighs the same.
+--loss token-global  accelerate's documented token-level recipe ("Gradient accumulation",
+                     loss normalisation by the number of items in the window): the window's
+                     valid targets gathered over the ranks, sum loss * A * world / N
+                     (accelerator.backward divides by A).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+from accelerate import Accelerator
+from torch.utils.data import DataLoader
+from toy import MAX_LEN, VOCAB, Rows, build, collate, token_loss
+
+import gradcert
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--loss", choices=["mean", "token-global"], default="mean")
+    ap.add_argument("--dtype", choices=["float64", "float32"], default="float32")
+    ap.add_argument("--rows", type=int, default=48)
+    ap.add_argument("--epochs", type=int, default=2)
+    args = ap.parse_args()
+
+    accum = 3
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=accum)
+    torch.manual_seed(0)
+    model = build(VOCAB, MAX_LEN).to(getattr(torch, args.dtype))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.01)
+    loader = DataLoader(Rows(args.rows), batch_size=2, shuffle=True, collate_fn=collate)
+    scheduler = torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=0.5, total_iters=4)
+    model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
+    gradcert.watch(model, optimizer, factory=build, loader=loader, accum=accum)  # the one gradcert line
+
+    for _ in range(args.epochs):
+        batches = list(loader)
+        for start in range(0, len(batches), accum):
+            window = batches[start:start + accum]
+            if args.loss == "token-global":  # the window's valid targets, every rank
+                n = torch.tensor(sum(int((tg != -100).sum()) for _, tg in window))
+                n = accelerator.gather(n).sum().item()
+            for ids, tg in window:
+                with accelerator.accumulate(model):
+                    logits = model(ids, targets=tg)
+                    if args.loss == "token-global":
+                        # accelerator.backward divides by A: the recipe multiplies it back
+                        loss = token_loss(logits, tg) * accum * accelerator.num_processes / n
+                    else:
+                        loss = token_loss(logits, tg, reduction="mean")
+                    accelerator.backward(loss)
+                    if accelerator.sync_gradients:
+                        accelerator.clip_grad_norm_(model.parameters(), 1.0)
+                    optimizer.step()
+                    scheduler.step()
+                    optimizer.zero_grad()
+
+
+if __name__ == "__main__":
+    main()

@@ -22,6 +22,7 @@
 // The stack's tensors are the job's own files; the loss is null (the job's loss is its own
 // business: gradients are compared), each rank's loss_sum is gradcert's on the job's logits.
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -110,7 +111,9 @@ std::string observing_cost(const std::vector<std::vector<ObservedUpdate>>& rec) 
   std::sort(ratios.begin(), ratios.end());
   const size_t n = ratios.size();
   const double median = n % 2 ? ratios[n / 2] : (ratios[n / 2 - 1] + ratios[n / 2]) / 2;
-  return "; observing cost: the job's step took " + figure_text(median) + "x its time without the recording (median of " +
+  char ratio[32];
+  std::snprintf(ratio, sizeof ratio, "%.2f", median);
+  return "; observing cost: the job's step took " + std::string(ratio) + "x its time without the recording (median of " +
          std::to_string(n) + " updates, NOTE [observing cost])";
 }
 

@@ -3,9 +3,10 @@
 Add one line to the training script and run it under `gradcert observe`:
 
     import gradcert
-    gradcert.watch(model, optimizer)                 # plain PyTorch, DDP, FSDP2, accelerate
-    Trainer(..., callbacks=[gradcert.hf.Callback()])          # Hugging Face Trainer
-    L.Trainer(..., callbacks=[gradcert.lightning.Callback()]) # Lightning
+    gradcert.watch(model, optimizer, factory=build, loader=loader, accum=A)
+                                                  # plain PyTorch, DDP, FSDP1/2, accelerate
+    Trainer(..., callbacks=[gradcert.hf.Callback()])                       # HF Trainer
+    L.Trainer(..., callbacks=[gradcert.lightning.Callback(factory=build)])  # Lightning
 
     gradcert observe --out DIR -- torchrun --nproc_per_node 2 train.py ...
 
@@ -17,12 +18,12 @@ built-in model the PyTorch adapters train.
 from .observe import NoOp, ObserveError, observing, watch
 
 __version__ = "0.11.0"
-__all__ = ["watch", "observing", "NoOp", "ObserveError", "hf", "lightning", "deepspeed"]
+__all__ = ["watch", "observing", "NoOp", "ObserveError", "hf", "lightning"]
 
 
 def __getattr__(name):
-    # gradcert.hf / gradcert.lightning / gradcert.deepspeed import their framework: only on use.
-    if name in ("hf", "lightning", "deepspeed"):
+    # gradcert.hf / gradcert.lightning import their framework: only on use.
+    if name in ("hf", "lightning"):
         import importlib
 
         return importlib.import_module(f".{name}", __name__)

@@ -96,7 +96,7 @@ RankUpdate ZeroState::run_update(RankContext& ctx, int update) {
     grad_shard = torch::zeros({shard_->shard}, local.options());
     grad_shard.slice(0, 0, shard_->hi() - shard_->lo()).copy_(t[0].slice(0, shard_->lo(), shard_->hi()));
   } else {
-    // Stages 2-3: reduce-scatter; the planted shard-divide-factor divides by D twice.
+    // Stages 2-3: reduce-scatter; the planted divided-by-d-twice divides by D twice.
     const double divisor = ctx.mutant == Mutant::ShardDivideFactor ? double(dp) * dp : double(dp);
     grad_shard = shard_->reduce_scatter(ctx, local, divisor);
     grad_shard_ = grad_shard;

@@ -11,8 +11,10 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 name=${1:?usage: command.sh NAME [adapter flags] (NAME: an adapter of backends/python/adapters.json)}
 shift
+# GRADCERT_VENV: the venv whose torchrun runs the adapter (default .venv; .venv-cuda on a GPU).
+venv=${GRADCERT_VENV:-$root/.venv}
 py=python3
-[ -x "$root/.venv/bin/python" ] && py="$root/.venv/bin/python"
+[ -x "$venv/bin/python" ] && py="$venv/bin/python"
 # Prints the adapter's script, or the known names on stderr and exits 2.
 script=$("$py" - "$here/adapters.json" "$name" <<'PY'
 import json, sys
@@ -35,6 +37,6 @@ sys.stderr.write("command.sh: unknown adapter '%s' (known: %s)\n" % (name, ", ".
 sys.exit(2)
 PY
 ) || exit 2
-printf '%s' "$root/.venv/bin/torchrun --nproc_per_node=\$GRADCERT_NPROC --master_addr=127.0.0.1 --master_port=\$GRADCERT_MASTER_PORT $root/backends/python/$script"
+printf '%s' "$venv/bin/torchrun --nproc_per_node=\$GRADCERT_NPROC --master_addr=127.0.0.1 --master_port=\$GRADCERT_MASTER_PORT $root/backends/python/$script"
 [ $# -gt 0 ] && printf ' %s' "$@"
 printf '\n'

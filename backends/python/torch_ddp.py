@@ -69,7 +69,7 @@ def main():
     writer = client.ArtifactWriter(run.out, rank, world, backend, run.plan.dtype)
     gm.train(run, rank, world, ddp, DDPStrategy(ddp, inner), optimizer, writer, mutant=args.mutant, masters=masters)
     writer.finish({"optimizer": args.optim, "sampler": run.sampler},
-                  notes="DDP averages over world=D; backward D*S/N per microstep; no_sync on microsteps 0..A-2")
+                  notes="DDP averages over world=D; backward D*S/N per microstep; no_sync on microsteps 0..A-2" + gm.device_note())
     gm.shutdown()
 
 

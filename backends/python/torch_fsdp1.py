@@ -107,7 +107,7 @@ def main():
     mp = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16) if bf16 else None
     # GRADCERT_FSDP1_DEVICE_ID=none reproduces the refusal (no device_id: FSDP1 looks for an
     # accelerator); the default passes device_id=cpu, which torch 2.13 accepts.
-    device_id = None if os.environ.get("GRADCERT_FSDP1_DEVICE_ID") == "none" else torch.device("cpu")
+    device_id = None if os.environ.get("GRADCERT_FSDP1_DEVICE_ID") == "none" else gm.device()
     try:
         model = FSDP(model, sharding_strategy=ShardingStrategy.FULL_SHARD, device_id=device_id,
                      auto_wrap_policy=wrap_policy(model), use_orig_params=True, mixed_precision=mp)
@@ -129,7 +129,7 @@ def main():
         raise
     writer.finish({"optimizer": args.optim, "sampler": run.sampler},
                   notes="FSDP1 FULL_SHARD, one unit per block + root, use_orig_params; divides by D once; "
-                        "backward D*S/N; no_sync on microsteps 0..A-2")
+                        "backward D*S/N; no_sync on microsteps 0..A-2" + gm.device_note())
     gm.shutdown()
 
 

@@ -77,7 +77,7 @@ def main():
     args = ap.parse_args()
     run = gm.open_run()
     rank, world = gm.init_process_group(run)
-    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp",))
+    mesh = init_device_mesh(gm.device().type, (world,), mesh_dim_names=("dp",))
     bf16 = run.plan.dtype == torch.bfloat16
     # NOTE [FSDP2 mixed precision] bf16: the FSDP2 recipe — fp32 sharded (master) parameters and
     # optimizer state, bf16 all-gathered parameters for compute and bf16 gradient reduction.
@@ -92,7 +92,7 @@ def main():
     gm.train(run, rank, world, model, FSDP2Strategy(model, args.gather), optimizer, writer, mutant=args.mutant)
     writer.finish({"optimizer": args.optim, "sampler": run.sampler},
                   notes="fully_shard per block + root; FSDP2 divides by D once (default divide factor); "
-                        "backward D*S/N; no gradient sync on microsteps 0..A-2")
+                        "backward D*S/N; no gradient sync on microsteps 0..A-2" + gm.device_note())
     gm.shutdown()
 
 

@@ -22,7 +22,7 @@ const std::vector<MutantInfo>& mutant_table() {
        [](const StrategyTraits& t) { return t.data_parallel; }},
       {Mutant::MissingFinalSync, "missing-final-sync", "no gradient all-reduce at the end of the window",
        [](const StrategyTraits& t) { return t.final_allreduce; }},
-      {Mutant::ShardDivideFactor, "shard-divide-factor",
+      {Mutant::ShardDivideFactor, "divided-by-d-twice",
        "the reduce-scatter divided by D twice (loss scaling and a reduce-op average both applied)",
        [](const StrategyTraits& t) { return t.reduce_scatter; }},
       {Mutant::StaleGatheredParams, "stale-gathered-params",
@@ -60,6 +60,7 @@ std::string mutant_name(Mutant m) {
 
 Mutant parse_mutant(const std::string& name) {
   if (name.empty()) return Mutant::None;
+  if (name == "shard-divide-factor") return Mutant::ShardDivideFactor;  // its name before the bug catalog (one name per bug)
   std::string known;
   for (const auto& row : mutant_table()) {
     if (row.name == name) return row.id;

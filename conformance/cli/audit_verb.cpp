@@ -28,6 +28,7 @@ Verb add_audit_verb(CLI::App& app, CommonOptions& o) {
   cmd->add_option("--dtype", o.dtype, "override the spec's dtype: float64 | float32 | bfloat16");
   cmd->add_option("--optimizer", o.optimizer, "override the spec's optimizer: sgd | adamw");
   cmd->add_option("--out", o.out, "report folder (default: reports/out/<timestamp>)");
+  add_device_option(cmd, o);
   // exit 0: semantics preserved; 1: a difference or failed check; 2: bad input or failed run;
   // 130 / 143: interrupted (NOTE [interrupt])
   return {cmd, [&o, q] {

@@ -1,8 +1,11 @@
+#include <CLI/CLI.hpp>
+
 #include <filesystem>
 #include <iostream>
 #include <stdexcept>
 
 #include "conformance/cli/verbs.hpp"
+#include "conformance/launch/cuda_probe.hpp"
 #include "conformance/run/certify.hpp"
 #include "reports/report.hpp"
 
@@ -20,7 +23,40 @@ Spec spec_with_overrides(const CommonOptions& o) {
     }
   }
   if (!o.optimizer.empty()) s.optimizer.name = o.optimizer;
+  if (!o.device_resolved.empty()) s.device = o.device_resolved;
   return s;
+}
+
+void resolve_device_option(int argc, char** argv, CommonOptions& o) {
+  const std::string verb = argc > 1 ? argv[1] : "";
+  if (verb != "run" && verb != "certify" && verb != "audit" && verb != "observe") return;
+  std::string device, spec_path;
+  for (int i = 2; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--") break;  // the job's own options are not gradcert's
+    if (a == "--device" && i + 1 < argc) device = argv[i + 1];
+    if (a.rfind("--device=", 0) == 0) device = a.substr(9);
+    if (a == "--spec" && i + 1 < argc) spec_path = argv[i + 1];
+    if (a.rfind("--spec=", 0) == 0) spec_path = a.substr(7);
+  }
+  std::string what = "--device";
+  if (device.empty() && !spec_path.empty()) {
+    try {
+      device = load_spec(spec_path).device;  // a bad spec is reported by the verb, as before
+      what = spec_path + ": device";
+    } catch (const std::exception&) {
+    }
+  }
+  if (device.empty()) device = "cpu";
+  o.device_resolved = resolve_device(device, what);
+  if (device == "auto") std::cerr << "gradcert: --device auto: " << o.device_resolved << "\n";
+}
+
+void add_device_option(CLI::App* cmd, CommonOptions& o) {
+  cmd->add_option("--device", o.device,
+                  "cpu | cuda | auto: where the ranks compute (default: the spec's device, cpu); cuda where CUDA "
+                  "cannot serve exits 2 naming why, before anything runs (NOTE [device])")
+      ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
 }
 
 LauncherKind launcher_from(const std::string& name) {

@@ -1,4 +1,4 @@
-// `gradcert spec` and `gradcert backends`: what a user can ask before running anything; and
+// `gradcert spec`, `gradcert backends` and `gradcert devices`: what a user can ask before running anything; and
 // the hidden `gradcert worker` that every built-in rank process runs.
 #include <CLI/CLI.hpp>
 
@@ -7,6 +7,7 @@
 
 #include "backends/catalog.hpp"
 #include "conformance/cli/verbs.hpp"
+#include "conformance/launch/cuda_probe.hpp"
 #include "conformance/run/worker.hpp"
 
 namespace gradcert {
@@ -14,6 +15,7 @@ namespace gradcert {
 std::vector<Verb> add_info_verbs(CLI::App& app) {
   auto* spec_cmd = app.add_subcommand("spec", "print the built-in spec (every field with its default)");
   auto* list_cmd = app.add_subcommand("backends", "list the built-in backends and their mutants");
+  auto* dev_cmd = app.add_subcommand("devices", "what --device can use here: cpu, and cuda with its device count or why not");
   return {{spec_cmd,
            [] {
              std::cout << spec_to_json(Spec{}) << "\n";
@@ -25,6 +27,15 @@ std::vector<Verb> add_info_verbs(CLI::App& app) {
                for (const auto& m : mutant_names(b))
                  std::cout << "  --inject " << m << (needs_resume(parse_mutant(m)) ? "  (with --resume-at K)" : "") << "\n";
              }
+             return kPass;
+           }},
+          {dev_cmd, [] {
+             const CudaProbe p = probe_cuda();  // NOTE [cuda probe]: in a child process
+             std::cout << "cpu: available\n";
+             if (p.count > 0)
+               std::cout << "cuda: " << p.count << " device(s)\n";
+             else
+               std::cout << "cuda: unavailable: " << p.reason << "\n";
              return kPass;
            }}};
 }

@@ -27,6 +27,13 @@ int dispatch(int argc, char** argv) {
   int estimate_exit = 0;
   auto* estimate_cmd = add_estimate_command(app, estimate_exit);
 
+  // A device that cannot serve is refused first: exit 2, nothing touched (NOTE [device]).
+  try {
+    resolve_device_option(argc, argv, o);
+  } catch (const std::exception& e) {
+    std::cerr << "gradcert: " << e.what() << "\n";
+    return kBadInput;
+  }
   // Before anything can fail, a bad option included (NOTE [stale report]).
   const std::string verb = argc > 1 ? argv[1] : "";
   if (verb == "run" || verb == "certify" || verb == "check" || verb == "audit" || verb == "observe")

@@ -33,10 +33,12 @@ Verb add_observe_verb(CLI::App& app, CommonOptions& o) {
       ->capture_default_str()
       ->check(CLI::Range(1.0, 1e6));
   cmd->add_option("--out", o.out, "report folder (default: reports/out/<timestamp>)");
+  add_device_option(cmd, o);
   cmd->add_option("command", r->argv, "the job's command, after `--`, run verbatim")->required();
   return {cmd, [&o, r] {
             install_interrupt_handlers();  // Ctrl-C / SIGTERM: stop the job, write the report
             ObserveRequest req = *r;
+            req.device = o.device_resolved.empty() ? "cpu" : o.device_resolved;
             if (!req.model.empty()) req.model = absolute_factory(req.model);
             const std::string dir = report_dir(o);
             req.run_dir = dir + "/runs/observed";

@@ -36,6 +36,7 @@ Verb add_run_verb(CLI::App& app, CommonOptions& o) {
   run->add_option("--dtype", o.dtype, "override the spec's dtype: float64 | float32 | bfloat16");
   run->add_option("--optimizer", o.optimizer, "override the spec's optimizer: sgd | adamw");
   run->add_option("--out", o.out, "report folder (default: reports/out/<timestamp>)");
+  add_device_option(run, o);
   run->add_option("--model", r->model,
                   "your own model: FILE.py:FUNC or module:FUNC, FUNC(vocab_size, max_len) -> a torch causal LM "
                   "(spec model.factory; --backend external)");

@@ -23,6 +23,8 @@ constexpr int kPass = 0, kCheckFailed = 1, kBadInput = 2;
 struct CommonOptions {
   std::string spec_path, launcher = "local", out, dtype, optimizer;
   int world = 0, tp = 0, pp = 0;  ///< 0: not given (the spec's)
+  /// --device as given ("": the spec's) and as resolved before anything ran (NOTE [device]).
+  std::string device, device_resolved;
   /// Counts given on the command line must be >= 1 (checked after parsing: exit 2, the option named).
   std::vector<std::pair<CLI::Option*, const int*>> counts;
 };
@@ -37,6 +39,12 @@ struct Verb {
 Spec spec_from(const std::string& path);
 /// The spec with --dtype / --optimizer applied (errors name the option).
 Spec spec_with_overrides(const CommonOptions& o);
+/// Resolves (NOTE [device]) --device (else the --spec file's `device`) of a run / certify / audit /
+/// observe command line into o.device_resolved; "" when it is not one of those verbs. Throws
+/// naming --device (or the spec file) when CUDA was asked for and cannot serve.
+void resolve_device_option(int argc, char** argv, CommonOptions& o);
+/// Registers --device on a verb.
+void add_device_option(CLI::App* cmd, CommonOptions& o);
 /// "local" | "mpirun"; throws std::invalid_argument naming --launcher.
 LauncherKind launcher_from(const std::string& name);
 /// Removes an earlier report from --out (NOTE [stale report]).

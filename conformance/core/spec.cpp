@@ -179,6 +179,8 @@ void validate_spec(const Spec& s) {
   positive(s.topology.tp, "topology.tp");
   positive(s.topology.pp, "topology.pp");
   if (s.updates < 0) throw SpecError("updates", "must be >= 0 (0 = one epoch)");
+  if (s.device != "cpu" && s.device != "cuda" && s.device != "auto")
+    throw SpecError("device", "expected cpu, cuda or auto, got '" + s.device + "'");
   if (s.optimizer.name != "sgd" && s.optimizer.name != "adamw")
     throw SpecError("optimizer.name", "unknown optimizer '" + s.optimizer.name + "' (expected sgd or adamw)");
   if (!(s.optimizer.lr >= 0)) throw SpecError("optimizer.lr", "must be >= 0 (0: the optimizer's default)");
@@ -285,6 +287,8 @@ Spec parse_spec(const std::string& text, const std::string& source) {
     q.get("micro", s.resume.micro);
     q.get("accum", s.resume.accum);
   });
+  r.get("device", s.device);
+  r.get("tf32", s.tf32);
   r.finish();
   validate_spec(s);
   return s;
@@ -330,6 +334,8 @@ std::string spec_to_json(const Spec& s) {
     j["resume"] = {{"at", s.resume.at}, {"backend", s.resume.backend}, {"world", s.resume.world},
                    {"micro", s.resume.micro}, {"accum", s.resume.accum}};
   if (!s.resume.command.empty()) j["resume"]["command"] = s.resume.command;  // external stacks only
+  if (s.device != "cpu") j["device"] = s.device;  // likewise: a CPU spec's JSON is as it was
+  if (s.tf32) j["tf32"] = true;
   return j.dump(2);
 }
 

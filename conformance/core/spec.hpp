@@ -128,6 +128,11 @@ struct Spec {
   PipelineSpec pipeline;
   MemorySpec memory;
   ResumeSpec resume;
+  /// Where the ranks compute: "cpu" | "cuda" | "auto" (NOTE [device]: "auto" and "cuda" are
+  /// resolved, and refused where CUDA is unavailable, before any rank starts).
+  std::string device = "cpu";
+  /// TF32 matmul / cuDNN on CUDA (off: float32 stays float32; the report says which).
+  bool tf32 = false;
 
   /// The relative tolerance for this spec's dtype.
   double parity_tolerance() const;

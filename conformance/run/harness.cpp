@@ -244,6 +244,7 @@ LaunchedRunPtr launch_run(const RunPlan& run, bool early_reference) {
                       {"GRADCERT_NPROC", std::to_string(world)},
                       {"GRADCERT_MASTER_PORT", std::to_string(free_local_port())},
                       {"GRADCERT_SAMPLER", req.sampler_audit ? "own" : "plan"},
+                      {"GRADCERT_DEVICE", spec.device},
                       {"GRADCERT_RUN_NONCE", nonce}};
   }
   launch_req.timeout = std::chrono::milliseconds(static_cast<int64_t>(spec.timeout.run_s * 1000));

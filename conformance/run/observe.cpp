@@ -106,6 +106,7 @@ RunReport observe_job(const ObserveRequest& req) {
   launch_req.env = {{"GRADCERT_OBSERVE_DIR", dir},
                     {"GRADCERT_OBSERVE_UPDATES", std::to_string(req.updates)},
                     {"GRADCERT_OBSERVE_KEEP_DROPOUT", req.keep_dropout ? "1" : "0"},
+                    {"GRADCERT_DEVICE", req.device},
                     {"GRADCERT_RUN_NONCE", nonce}};
   launch_req.timeout = std::chrono::milliseconds(static_cast<int64_t>(req.timeout_s * 1000));
   launch_req.log_dir = dir;

@@ -20,6 +20,7 @@ struct ObserveRequest {
   bool keep_dropout = false;      ///< refuse a model with dropout instead of turning it off
   std::string run_dir;            ///< created; receives the job's records, the run folder's files, the job's log
   double timeout_s = 1800;        ///< the whole job, launch to its K-th update
+  std::string device = "cpu";     ///< resolved --device: the job's parameters must be there (GRADCERT_DEVICE)
 };
 
 /// What the job's records make (NOTE [observed plan] in observed_plan.cpp): the run plan the

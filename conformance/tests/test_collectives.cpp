@@ -277,7 +277,7 @@ TEST_F(Collectives, ZeroStagesShardGradientsAndGatherParameters) {
 
 // The reduce-scatter divisor, seen in the values: each rank's gradient shard must equal
 // its slice of identical_ranks_gradient (zero2, zero3 and every fsdp unit), at D = 2 and 4,
-// for the first and the last rank. The planted shard-divide-factor divides by D twice: its
+// for the first and the last rank. The planted divided-by-d-twice divides by D twice: its
 // shards are that gradient / D.
 TEST_F(Collectives, ZeroAndFsdpReduceScatterDivideByD) {
   for (int D : {2, 4}) {
@@ -290,7 +290,7 @@ TEST_F(Collectives, ZeroAndFsdpReduceScatterDivideByD) {
                           zero3 = identical_ranks_gradient(spec, plan, r, {UnitRange{"all", 0, P}}),
                           fsdp = identical_ranks_gradient(spec, plan, r, units);
       ASSERT_GT(zero2.abs().max().item<double>(), 0);
-      for (const std::string inject : {"", "shard-divide-factor"}) {
+      for (const std::string inject : {"", "divided-by-d-twice"}) {
         const double factor = inject.empty() ? 1.0 : 1.0 / D;
         SCOPED_TRACE("D " + str(D) + " rank " + str(r) + " inject '" + inject + "'");
         const int64_t lo = std::min(P, r * shard), hi = std::min(P, lo + shard);

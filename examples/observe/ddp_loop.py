@@ -19,6 +19,7 @@ is the only line gradcert needs; outside `gradcert observe` it does nothing.
 from __future__ import annotations
 
 import argparse
+import os
 
 import torch
 import torch.distributed as dist
@@ -37,14 +38,22 @@ def main():
     ap.add_argument("--accum", type=int, default=2, help="micro-batches per update")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--rows", type=int, default=96)
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                    help="cuda: cuda:LOCAL_RANK, NCCL (one GPU per rank), TF32 off")
     args = ap.parse_args()
 
-    dist.init_process_group("gloo")
+    if args.device == "cuda":
+        dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(dev)
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    else:
+        dev = torch.device("cpu")
+    dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     dtype = getattr(torch, args.dtype)
-    model = build(VOCAB, MAX_LEN).to(dtype)
-    ddp = DDP(model)
+    model = build(VOCAB, MAX_LEN).to(dev, dtype)
+    ddp = DDP(model, device_ids=[dev.index] if dev.type == "cuda" else None)
     opt = torch.optim.AdamW(ddp.parameters(), lr=3e-3, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 4))
     data = Rows(args.rows)
@@ -56,12 +65,12 @@ def main():
     for epoch in range(100):
         sampler.set_epoch(epoch)
         window = []
-        for batch in loader:
-            window.append(batch)
+        for ids, tg in loader:
+            window.append((ids.to(dev), tg.to(dev)))
             if len(window) < args.accum:
                 continue
             n_local = sum(int((tg != -100).sum()) for _, tg in window)
-            n_global = torch.tensor(float(n_local))
+            n_global = torch.tensor(float(n_local), device=dev)
             dist.all_reduce(n_global)
             for i, (ids, tg) in enumerate(window):
                 last = i == len(window) - 1

@@ -112,6 +112,13 @@ class Observer:
                                        f"is not a parameter of the watched model ({qualified(self.model)})")
         self.sharded = any(_is_dtensor(p) for p in self.params.values())
         self.dtype = self._dtype()
+        # `gradcert observe --device D` (NOTE [device], conformance/launch/cuda_probe.cpp) holds
+        # the job to D; the records are copied to the CPU, where the reference runs.
+        want, where = os.environ.get("GRADCERT_DEVICE", ""), {p.device.type for p in self.params.values()}
+        if want and where != {want}:
+            raise ObserveError(f"gradcert observe --device {want}: rank {os.environ.get('RANK', '0')}'s model "
+                               f"parameters are on {', '.join(sorted(where))}: move the model there before watch(), "
+                               f"or run gradcert observe --device {next(iter(where)) if len(where) == 1 else 'cpu'}")
         self.dropout = turn_off_dropout(self.model, os.environ.get(ENV_KEEP_DROPOUT) == "1")
         self.factory = factory_string(factory)
         self.hf = hf_saved_config(self.model)

@@ -142,16 +142,32 @@ def open_run() -> client.Run:
 
 
 def build_model(run: client.Run, dtype: torch.dtype) -> nn.Module:
-    """The plan's model (spec.model.factory, else the tiny LM) from initial.safetensors."""
+    """The plan's model (spec.model.factory, else the tiny LM) from initial.safetensors, on
+    this rank's device (NOTE [device])."""
     try:
-        return run.build_model(dtype)
+        return run.build_model(dtype).to(device())
     except (client.ProtocolError, factory_mod.FactoryError) as e:
         fail(str(e))
 
 
+def device() -> torch.device:
+    """The adapters' side of NOTE [device] (conformance/launch/cuda_probe.cpp): GRADCERT_DEVICE
+    cpu (default) or cuda, the latter cuda:<LOCAL_RANK mod the GPUs present>."""
+    d = os.environ.get("GRADCERT_DEVICE", "cpu") or "cpu"
+    if d == "cpu":
+        return torch.device("cpu")
+    if d != "cuda":
+        fail(f"GRADCERT_DEVICE={d!r}: expected cpu or cuda")
+    if not torch.cuda.is_available():
+        fail(f"GRADCERT_DEVICE=cuda, but this Python's torch {torch.__version__} sees no CUDA device "
+             f"(torch.version.cuda={torch.version.cuda}): run the stack with a CUDA build of torch")
+    return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+
+
 def allreduce_sum_f64(values, group=None):
-    """Sums a few scalars over all ranks (float64 tensor; counts are exact below 2^53)."""
-    t = torch.tensor(values, dtype=torch.float64)
+    """Sums a few scalars over all ranks (float64 tensor; counts are exact below 2^53), on the
+    rank's device (NCCL reduces CUDA tensors only)."""
+    t = torch.tensor(values, dtype=torch.float64, device=device())
     dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group)
     return t.tolist()
 
@@ -250,10 +266,20 @@ def make_optimizer(params, opt: dict, kind: str):
 
 
 def init_process_group(run: client.Run):
-    """Gloo on CPU, rendezvous from torchrun's environment, bounded collectives."""
+    """Gloo on CPU; on CUDA NCCL with one GPU per rank, else Gloo on CUDA tensors (NCCL refuses
+    two ranks on one GPU); TF32 off unless the spec's `tf32`. Rendezvous from torchrun's
+    environment, bounded collectives."""
     plan = run.plan
     timeout_s = float(plan.spec.get("timeout", {}).get("collective_s", 60.0)) or 60.0
-    dist.init_process_group(backend="gloo", init_method="env://", timeout=timedelta(seconds=timeout_s))
+    dev, backend = device(), "gloo"
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+        tf32 = bool(plan.spec.get("tf32", False))
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch.backends.cudnn.allow_tf32 = tf32
+        if int(os.environ.get("WORLD_SIZE", "1")) <= torch.cuda.device_count():
+            backend = "nccl"
+    dist.init_process_group(backend=backend, init_method="env://", timeout=timedelta(seconds=timeout_s))
     world, rank = dist.get_world_size(), dist.get_rank()
     if plan.tp != 1 or plan.pp != 1:
         fail(f"this adapter is data parallel only; the plan has tp={plan.tp} pp={plan.pp}")
@@ -357,6 +383,7 @@ def train(run: client.Run, rank: int, world: int, model: nn.Module, strategy: St
             fail(f"GRADCERT_SAVE_AT={resume.save_at}: expected {first + 1}..{len(plan) - 1} (updates before the save)")
         end = resume.save_at
     recorder = client.GradRecorder(optimizer, source=strategy.full_grads)  # gathers outside the timed region
+    sync = torch.cuda.synchronize if device().type == "cuda" else (lambda: None)  # CUDA runs ahead of the host
     clip_handle = None
     # clip-per-rank: each rank clips its own accumulated gradient before the reduction (a
     # replica whose wrapper reduces inside backward cannot do it; the mutant accumulates
@@ -378,7 +405,7 @@ def train(run: client.Run, rank: int, world: int, model: nn.Module, strategy: St
             writer.record(u, [[] for _ in range(plan.accum)], 0.0, 0, 0.0, 0, time.perf_counter() - t0, grads, params)
             continue
         consumed = consumed_all[ckpt.sampler_window(plan, first, u, mutant) if resume.resume_from else u]
-        batches = [data.collate(ids) for ids in consumed]
+        batches = [on_device(data.collate(ids)) for ids in consumed]
         n_r = sum(b.valid_targets for b in batches if b is not None)
         rows_r = sum(data.rows_with_targets(ids) for ids in consumed)
         N_all, rows_all = allreduce_sum_f64([n_r, rows_r])  # every rank joins, zero-example ranks too
@@ -397,7 +424,7 @@ def train(run: client.Run, rank: int, world: int, model: nn.Module, strategy: St
                     # backward, so it must run them like its peers: a one-token batch with no
                     # target, loss x 0. Every parameter stays in the graph (so DDP/FSDP hooks
                     # fire for all of them) and the gradient it adds is exactly zero.
-                    inp, lab, _ = data.dummy_batch()
+                    inp, lab, _ = on_device(data.dummy_batch())
                     (loss_sum(model, inp, lab, data.ignore_index) * 0.0).backward()
                     continue
                 scale = mutants.loss_scale(mutant, plan.dp, plan.accum, N, n_r, b.valid_targets, partial)
@@ -416,6 +443,7 @@ def train(run: client.Run, rank: int, world: int, model: nn.Module, strategy: St
         if masters:
             for p, master in masters.values():
                 master.grad = p.grad.detach().to(master.dtype)
+        sync()
         t_compute = time.perf_counter() - t0
         t1 = time.perf_counter()
         optimizer.step()  # pre-hooks: the recorder captures the full gradient, then clipping
@@ -423,6 +451,7 @@ def train(run: client.Run, rank: int, world: int, model: nn.Module, strategy: St
             with torch.no_grad():
                 for p, master in masters.values():
                     p.copy_(master.to(p.dtype))
+        sync()
         step_seconds = t_compute + (time.perf_counter() - t1 - recorder.seconds)
         grads = recorder.pop()
         S_global = allreduce_sum_f64([S_r])[0]
@@ -439,6 +468,23 @@ def train(run: client.Run, rank: int, world: int, model: nn.Module, strategy: St
         except client.ProtocolError as e:
             fail(str(e))
     writer.memory = memory_per_rank(model, optimizer, masters)
+
+
+def device_note() -> str:
+    """What the report says of the device (NOTE [device]): "" on the CPU."""
+    dev = device()
+    if dev.type == "cpu":
+        return ""
+    tf32 = "on" if torch.backends.cuda.matmul.allow_tf32 else "off"
+    return (f"; device {dev} of {torch.cuda.device_count()} GPU(s) ({torch.cuda.get_device_name(dev)}), "
+            f"process group {dist.get_backend()}, TF32 {tf32}")
+
+
+def on_device(b):
+    """A collated batch on the rank's device (None stays None)."""
+    if b is None or device().type == "cpu":
+        return b
+    return b._replace(input=b.input.to(device()), labels=b.labels.to(device()))
 
 
 def _local(t):
@@ -476,9 +522,16 @@ def memory_per_rank(model: nn.Module, optimizer, masters: dict | None) -> dict:
     for st in getattr(optimizer, "state", {}).values():
         for v in st.values():
             add(v)
-    mine = [float(total), float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024.0]
+    dev = device()
+    if dev.type == "cuda":  # the caching allocator's peak over the run, on this rank's GPU
+        peak, kind = float(torch.cuda.max_memory_allocated(dev)), (
+            f"CUDA caching allocator peak allocated, per rank (reserved peak {torch.cuda.max_memory_reserved(dev)} B "
+            f"on rank {dist.get_rank()})")
+    else:
+        peak, kind = float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024.0, "process high-water (ru_maxrss), per rank"
+    mine = [float(total), peak, kind]
     everyone = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, mine)
     return {"model_state_bytes": [e[0] for e in everyone],
             "peak_memory_bytes": [e[1] for e in everyone],
-            "peak_memory_kind": "process high-water (ru_maxrss), per rank"}
+            "peak_memory_kind": everyone[0][2]}

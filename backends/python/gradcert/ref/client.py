@@ -372,7 +372,7 @@ def write_json(path: str, obj):
 
 def write_tensors(path: str, tensors: dict, dtype: torch.dtype, update: int | None = None, metadata=None):
     """Full tensors in `dtype` (the spec's: F64 / F32 / BF16), written atomically."""
-    out = {n: t.detach().to(dtype).contiguous().clone() for n, t in tensors.items()}
+    out = {n: t.detach().to("cpu", dtype).contiguous().clone() for n, t in tensors.items()}  # from CUDA too
     md = dict(metadata or {})
     if update is not None:
         md["update"] = str(update)
@@ -403,10 +403,10 @@ def shard_pieces(tensors: dict, dtype: torch.dtype, replica: int) -> tuple:
                     group = group * t.device_mesh.size(d) + coord[d]
             if local.numel() == 0:
                 continue
-            stored[n] = local.to(dtype).contiguous().clone()
+            stored[n] = local.to("cpu", dtype).contiguous().clone()
             placement[n] = {"tensor": n, "shape": list(t.shape), "replica": group, "offset": list(offset)}
         else:
-            stored[n] = t.to(dtype).contiguous().clone()
+            stored[n] = t.to("cpu", dtype).contiguous().clone()
             placement[n] = {"tensor": n, "shape": list(t.shape), "replica": replica, "offset": [0] * t.dim()}
     return stored, placement
 

@@ -46,20 +46,18 @@ DCP files are not on disk after the save).
 
 from __future__ import annotations
 
-MUTANTS = {
-    "local-mean": "each rank divides S by its own valid targets, then ranks are averaged",
-    "micro-mean": "per-microbatch token mean, then divide by A (every window)",
-    "partial-nominal-accum": "partial final window: per-microbatch mean divided by the nominal A",
-    "unshifted-count": "N counted on unshifted labels: one extra target per row with targets",
-    "drop-partial-window": "the partial final window is skipped (no step; zero gradient artifact)",
-    "grad-scale-1.05": "a uniform 1.05x gradient scale",
-    "clip-per-rank": "each rank clips its own gradient before the reduction (torch-ddp; needs optimizer.max_grad_norm)",
-    "resume-optimizer-unsaved": "the checkpoint holds the model's state only, not the optimizer's (--resume-at)",
-    "resume-step-reset": "the load leaves the optimizer's step counters at 0 (AdamW's bias correction restarts)",
-    "resume-sampler-restart": "the resumed sampler starts its epoch over (the loader is not fast-forwarded)",
-    "resume-sampler-skip": "the resumed sampler starts the next epoch, skipping the rest of the current one",
-    "resume-shard-unwritten": "the last rank's checkpoint files are not on disk after the save",
-}
+
+def _catalog() -> list:
+    """The one bug-class catalog (gradcert/bugs.json; C++ checks its tables against it)."""
+    import json
+    import os
+
+    with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bugs.json")) as f:
+        return json.load(f)["bugs"]
+
+
+#: id -> what it plants: the catalog's classes that apply to the adapters, in its order.
+MUTANTS = {b["name"]: b["what"] for b in _catalog() if "adapter" in b["applies"]}
 
 RESUME_MUTANTS = tuple(m for m in MUTANTS if m.startswith("resume-"))
 

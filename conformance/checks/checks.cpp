@@ -16,11 +16,7 @@ namespace gradcert {
 
 namespace {
 
-std::string num(double x) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.3g", x);
-  return buf;
-}
+std::string num(double x) { return g3_text(x); }
 
 std::string ids_text(const std::vector<int64_t>& ids, size_t limit = 8) {
   std::ostringstream o;

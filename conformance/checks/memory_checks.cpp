@@ -7,16 +7,6 @@
 
 namespace gradcert {
 
-namespace {
-
-std::string num(double x) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.3g", x);
-  return buf;
-}
-
-}  // namespace
-
 CheckResult check_memory_lower_bound(int64_t measured, int64_t estimate) {
   CheckResult c;
   c.id = "memory.lower_bound";
@@ -69,7 +59,7 @@ CheckResult check_memory_budget(const std::vector<PhasePeak>& peaks, double budg
   c.detail = "rank " + std::to_string(worst->rank) + ", " + worst->bucket + " bucket, " + worst->phase + ": " +
              human_bytes(c.figure) + (over ? " > " : " <= ") + "budget " + human_bytes(budget_bytes) +
              (human_bytes(c.figure) == human_bytes(budget_bytes)
-                  ? " (" + std::to_string(worst->peak_bytes) + " B vs " + num(budget_bytes) + " B)"
+                  ? " (" + std::to_string(worst->peak_bytes) + " B vs " + g3_text(budget_bytes) + " B)"
                   : "") +
              (worst->device == "cpu" ? "" : " (" + worst->device + ")");
   return c;

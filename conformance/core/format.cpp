@@ -24,6 +24,12 @@ std::string figure_text(double x) {
   return b;
 }
 
+std::string g3_text(double x) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.3g", x);
+  return b;
+}
+
 std::string xml_escape(const std::string& s) {
   std::string o;
   for (char ch : s) switch (ch) {

@@ -8,6 +8,8 @@ namespace gradcert {
 
 /// A figure as the tables print it: integers plainly, others as %.2e; inf and nan by name.
 std::string figure_text(double x);
+/// Three significant digits ("%.3g"): a figure inside a sentence.
+std::string g3_text(double x);
 /// A double for JSON: non-finite values become the strings "nan", "inf", "-inf".
 nlohmann::json json_number(double x);
 /// Text escaped for XML attributes and content (control characters become spaces).

@@ -1,5 +1,7 @@
 #include "conformance/run/harness.hpp"
 
+#include "conformance/protocol/variables.hpp"
+
 #include "conformance/run/check_artifacts.hpp"
 #include "conformance/run/reference_source.hpp"
 #include "conformance/checks/diagnosis.hpp"
@@ -219,7 +221,7 @@ LaunchedRunPtr launch_run(const RunPlan& run, bool early_reference) {
   launch_req.kind = req.launcher;
   launch_req.world = world;
   launch_req.argv = worker_argv(req.backend, store);
-  launch_req.env = {{"GRADCERT_RUN_NONCE", nonce}};
+  launch_req.env = {{vars::kRunNonce, nonce}};
   // The initial weights, drawn once for every rank to load: an external stack's, and the
   // built-in ranks' (NOTE [initial weights once]).
   write_safetensors(req.run_dir + "/initial.safetensors", initial_params(spec), {{"schema", "gradcert.initial/1"}});
@@ -236,16 +238,16 @@ LaunchedRunPtr launch_run(const RunPlan& run, bool early_reference) {
     launch_req.rank_env = false;  // the stack's ranks are its own: no GRADCERT_RANK / GRADCERT_WORLD
     launch_req.world = 1;
     launch_req.argv = {"/bin/sh", "-c", req.command};
-    launch_req.env = {{"GRADCERT_RUN_DIR", req.run_dir},
-                      {"GRADCERT_PLAN", req.run_dir + "/plan.json"},
-                      {"GRADCERT_DATASET", req.run_dir + "/dataset.json"},
-                      {"GRADCERT_INIT", req.run_dir + "/initial.safetensors"},
-                      {"GRADCERT_OUT", req.run_dir},
-                      {"GRADCERT_NPROC", std::to_string(world)},
-                      {"GRADCERT_MASTER_PORT", std::to_string(free_local_port())},
-                      {"GRADCERT_SAMPLER", req.sampler_audit ? "own" : "plan"},
-                      {"GRADCERT_DEVICE", spec.device},
-                      {"GRADCERT_RUN_NONCE", nonce}};
+    launch_req.env = {{vars::kRunDir, req.run_dir},
+                      {vars::kPlan, req.run_dir + "/plan.json"},
+                      {vars::kDataset, req.run_dir + "/dataset.json"},
+                      {vars::kInit, req.run_dir + "/initial.safetensors"},
+                      {vars::kOut, req.run_dir},
+                      {vars::kNproc, std::to_string(world)},
+                      {vars::kMasterPort, std::to_string(free_local_port())},
+                      {vars::kSampler, req.sampler_audit ? "own" : "plan"},
+                      {vars::kDevice, spec.device},
+                      {vars::kRunNonce, nonce}};
   }
   launch_req.timeout = std::chrono::milliseconds(static_cast<int64_t>(spec.timeout.run_s * 1000));
   launch_req.log_dir = req.run_dir;
@@ -278,8 +280,8 @@ LaunchedRunPtr launch_run(const RunPlan& run, bool early_reference) {
     const std::string stack_dir = req.run_dir + "/checkpoint.stack";
     LaunchRequest first = launch_req;
     if (external) {
-      first.env["GRADCERT_SAVE_AT"] = std::to_string(spec.resume.at);
-      first.env["GRADCERT_SAVE_DIR"] = stack_dir;
+      first.env[vars::kSaveAt] = std::to_string(spec.resume.at);
+      first.env[vars::kSaveDir] = stack_dir;
     } else {
       first.argv.insert(first.argv.end(), {"--save-at", std::to_string(spec.resume.at)});
     }
@@ -309,10 +311,10 @@ LaunchedRunPtr launch_run(const RunPlan& run, bool early_reference) {
       LaunchRequest second = launch_req;
       if (external) {  // NOTE [stack checkpoints]
         second.argv = {"/bin/sh", "-c", spec.resume.command.empty() ? req.command : spec.resume.command};
-        second.env["GRADCERT_PLAN"] = req.run_dir + "/leg2.plan.json";
-        second.env["GRADCERT_NPROC"] = std::to_string(second_plan.world());
-        second.env["GRADCERT_MASTER_PORT"] = std::to_string(free_local_port());
-        second.env["GRADCERT_RESUME_FROM"] = stack_dir;
+        second.env[vars::kPlan] = req.run_dir + "/leg2.plan.json";
+        second.env[vars::kNproc] = std::to_string(second_plan.world());
+        second.env[vars::kMasterPort] = std::to_string(free_local_port());
+        second.env[vars::kResumeFrom] = stack_dir;
       } else {
         second.world = second_plan.world();
         second.argv = worker_argv(report.resume_backend, store);

@@ -1,6 +1,8 @@
 // `gradcert observe`: run the job, find out what it recorded, certify it (observe.hpp).
 #include "conformance/run/observe.hpp"
 
+#include "conformance/protocol/variables.hpp"
+
 #include <chrono>
 #include <filesystem>
 #include <stdexcept>
@@ -103,11 +105,11 @@ RunReport observe_job(const ObserveRequest& req) {
   launch_req.world = 1;
   launch_req.rank_env = false;  // the job starts its own ranks (torchrun, accelerate launch, ...)
   launch_req.argv = req.argv;
-  launch_req.env = {{"GRADCERT_OBSERVE_DIR", dir},
-                    {"GRADCERT_OBSERVE_UPDATES", std::to_string(req.updates)},
-                    {"GRADCERT_OBSERVE_KEEP_DROPOUT", req.keep_dropout ? "1" : "0"},
-                    {"GRADCERT_DEVICE", req.device},
-                    {"GRADCERT_RUN_NONCE", nonce}};
+  launch_req.env = {{vars::kObserveDir, dir},
+                    {vars::kObserveUpdates, std::to_string(req.updates)},
+                    {vars::kObserveKeepDropout, req.keep_dropout ? "1" : "0"},
+                    {vars::kDevice, req.device},
+                    {vars::kRunNonce, nonce}};
   launch_req.timeout = std::chrono::milliseconds(static_cast<int64_t>(req.timeout_s * 1000));
   launch_req.log_dir = dir;
   const LaunchResult launched = launch(launch_req);

@@ -1,5 +1,7 @@
 #include "conformance/run/python_reference.hpp"
 
+#include "conformance/protocol/variables.hpp"
+
 #include <cstdlib>
 #include <filesystem>
 #include <stdexcept>
@@ -11,7 +13,7 @@ namespace gradcert {
 namespace fs = std::filesystem;
 
 std::string locate_repo_root(const std::string& exe) {
-  if (const char* e = std::getenv("GRADCERT_ROOT"); e && *e) return e;
+  if (const char* e = std::getenv(vars::kRoot); e && *e) return e;
   auto ok = [](const fs::path& p) { return fs::exists(p / "backends/python/command.sh"); };
   std::error_code ec;
   fs::path p = exe.empty() ? fs::read_symlink("/proc/self/exe", ec) : fs::weakly_canonical(exe, ec);

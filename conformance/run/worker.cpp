@@ -1,5 +1,7 @@
 #include "conformance/run/worker.hpp"
 
+#include "conformance/protocol/variables.hpp"
+
 #include "backends/catalog.hpp"
 #include "backends/runtime/checkpoint.hpp"
 #include "conformance/memory/memory.hpp"
@@ -46,7 +48,7 @@ std::string tensor_digest(const torch::Tensor& t) {
 }
 
 void maybe_fault(int rank, int update) {
-  const char* f = std::getenv("GRADCERT_FAULT");
+  const char* f = std::getenv(vars::kFault);
   if (!f) return;
   char kind[16] = {0};
   int r = -1, u = -1;
@@ -64,7 +66,7 @@ void maybe_fault(int rank, int update) {
 // GRADCERT_FAULT="truncate:R:U": rank R cuts the last 8 bytes off u<U>.grads.safetensors (its
 // own shard file in a sharded run).
 void maybe_corrupt(const std::string& dir, int rank, int update, bool sharded) {
-  const char* f = std::getenv("GRADCERT_FAULT");
+  const char* f = std::getenv(vars::kFault);
   int r = -1, u = -1;
   if (!f || std::sscanf(f, "truncate:%d:%d", &r, &u) != 2 || r != rank || u != update) return;
   const std::string path = dir + "/" + (sharded ? shard_file(update, rank, "grads")
@@ -124,7 +126,7 @@ int worker_main(const WorkerArgs& args) {
                                                                   spec.timeout.collective_s * 1000))));
     }
     backend->setup(ctx);
-    const char* nonce = std::getenv("GRADCERT_RUN_NONCE");  // NOTE [run nonce]
+    const char* nonce = std::getenv(vars::kRunNonce);  // NOTE [run nonce]
 
     // A resumed run's legs (NOTE [resume] in harness.cpp, NOTE [checkpoints]).
     int first = 0, end = static_cast<int>(plan.windows.size());

@@ -1,5 +1,5 @@
 // Unit tests: each strategy's collective sequence, pinned in one process by running one
-// rank at a time with RecordingBackend (backends/runtime/recording_pg.hpp) as its process
+// rank at a time with RecordingBackend (conformance/tests/recording_pg.hpp, the test double beside its tests) as its process
 // groups. A recording group completes every call at once as a world of identical ranks
 // would (SUM all-reduce: input x size, recv: zeros), so a rank's control flow is the one
 // a real run takes, and what it issues can be compared across ranks without a launch.
@@ -14,7 +14,7 @@
 #include "backends/catalog.hpp"
 #include "backends/runtime/flat.hpp"
 #include "backends/runtime/mutants.hpp"
-#include "backends/runtime/recording_pg.hpp"
+#include "conformance/tests/recording_pg.hpp"
 #include "backends/runtime/strategy.hpp"
 #include "conformance/core/plan.hpp"
 #include "conformance/core/topology.hpp"

@@ -1,4 +1,4 @@
-#include "backends/runtime/recording_pg.hpp"
+#include "conformance/tests/recording_pg.hpp"
 
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <torch/csrc/distributed/c10d/Types.hpp>

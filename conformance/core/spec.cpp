@@ -5,8 +5,8 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
-#include <functional>
 #include <map>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -74,13 +74,11 @@ class Reader {
     if (it == j_.end()) return;
     read(*it, field(key), out);
   }
-  void object(const std::string& key, const std::function<void(Reader&)>& fn) {
+  /// The value at `key` for a nested reader (nullptr when absent; marked as seen either way).
+  const json* section(const std::string& key) {
     seen_.insert({key, true});
     auto it = j_.find(key);
-    if (it == j_.end()) return;
-    Reader sub(*it, field(key));
-    fn(sub);
-    sub.finish();
+    return it == j_.end() ? nullptr : &*it;
   }
   void finish() const {
     for (auto it = j_.begin(); it != j_.end(); ++it)
@@ -211,6 +209,73 @@ void validate_spec(const Spec& s) {
                     "needs resume.at (the update count at which the run stops and resumes)");
 }
 
+// NOTE [spec fields] The one list of the spec's fields, in the JSON's order: parse_spec reads
+// and spec_to_json writes each field through it (a new field is one line here, plus its
+// validation in validate_spec). `f(section, key, member)`; section "" is the top level.
+template <class S, class F>
+void spec_fields(S& s, F&& f) {
+  f("", "seed", s.seed);
+  f("model", "vocab", s.model.vocab);
+  f("model", "d_model", s.model.d_model);
+  f("model", "heads", s.model.heads);
+  f("model", "layers", s.model.layers);
+  f("model", "d_ff", s.model.d_ff);
+  f("model", "max_len", s.model.max_len);
+  f("model", "factory", s.model.factory);
+  f("dataset", "size", s.dataset.size);
+  f("dataset", "short_min", s.dataset.short_min);
+  f("dataset", "short_max", s.dataset.short_max);
+  f("dataset", "typical_min", s.dataset.typical_min);
+  f("dataset", "typical_max", s.dataset.typical_max);
+  f("dataset", "long_min", s.dataset.long_min);
+  f("dataset", "long_max", s.dataset.long_max);
+  f("dataset", "short_share", s.dataset.short_share);
+  f("dataset", "long_share", s.dataset.long_share);
+  f("dataset", "prompt_share", s.dataset.prompt_share);
+  f("dataset", "all_prompt_share", s.dataset.all_prompt_share);
+  f("dataset", "shuffle", s.dataset.shuffle);
+  f("batch", "micro", s.batch.micro);
+  f("batch", "accum", s.batch.accum);
+  f("topology", "dp", s.topology.dp);
+  f("topology", "tp", s.topology.tp);
+  f("topology", "pp", s.topology.pp);
+  f("", "updates", s.updates);
+  f("", "dtype", s.dtype);
+  f("optimizer", "name", s.optimizer.name);
+  f("optimizer", "lr", s.optimizer.lr);
+  f("optimizer", "momentum", s.optimizer.momentum);
+  f("optimizer", "beta1", s.optimizer.beta1);
+  f("optimizer", "beta2", s.optimizer.beta2);
+  f("optimizer", "eps", s.optimizer.eps);
+  f("optimizer", "weight_decay", s.optimizer.weight_decay);
+  f("optimizer", "max_grad_norm", s.optimizer.max_grad_norm);
+  f("tolerance", "float64", s.tolerance.float64);
+  f("tolerance", "float32", s.tolerance.float32);
+  f("tolerance", "bfloat16", s.tolerance.bfloat16);
+  f("tolerance", "scale_float64", s.tolerance.scale_float64);
+  f("tolerance", "scale_float32", s.tolerance.scale_float32);
+  f("tolerance", "scale_bfloat16", s.tolerance.scale_bfloat16);
+  f("tolerance", "floor_factor", s.tolerance.floor_factor);
+  f("pipeline", "schedule", s.pipeline.schedule);
+  f("timeout", "collective_s", s.timeout.collective_s);
+  f("timeout", "run_s", s.timeout.run_s);
+  f("memory", "budget_bytes", s.memory.budget_bytes);
+  f("resume", "at", s.resume.at);
+  f("resume", "backend", s.resume.backend);
+  f("resume", "command", s.resume.command);
+  f("resume", "world", s.resume.world);
+  f("resume", "micro", s.resume.micro);
+  f("resume", "accum", s.resume.accum);
+  f("", "device", s.device);
+  f("", "tf32", s.tf32);
+}
+
+template <class T>
+json to_json_value(const T& v) {
+  return v;
+}
+json to_json_value(const DType& d) { return dtype_name(d); }
+
 Spec parse_spec(const std::string& text, const std::string& source) {
   json j;
   if (auto p = parse_json_strict(text, j)) {
@@ -219,76 +284,29 @@ Spec parse_spec(const std::string& text, const std::string& source) {
   }
   Spec s;
   Reader r(j, "");
-  r.get("seed", s.seed);
-  r.object("model", [&](Reader& m) {
-    m.get("vocab", s.model.vocab);
-    m.get("d_model", s.model.d_model);
-    m.get("heads", s.model.heads);
-    m.get("layers", s.model.layers);
-    m.get("d_ff", s.model.d_ff);
-    m.get("max_len", s.model.max_len);
-    m.get("factory", s.model.factory);
+  // Fields in the table's order; a section's unknown keys are reported when the table leaves it,
+  // as a nested reader did.
+  std::string section;
+  std::optional<Reader> sub;
+  auto leave = [&] {
+    if (sub) sub->finish();
+    sub.reset();
+  };
+  spec_fields(s, [&](const char* sec, const char* key, auto& member) {
+    if (*sec == '\0') {
+      leave();
+      section.clear();
+      r.get(key, member);
+      return;
+    }
+    if (section != sec) {
+      leave();
+      section = sec;
+      if (const json* v = r.section(sec)) sub.emplace(*v, r.field(sec));
+    }
+    if (sub) sub->get(key, member);
   });
-  r.object("dataset", [&](Reader& d) {
-    d.get("size", s.dataset.size);
-    d.get("short_min", s.dataset.short_min);
-    d.get("short_max", s.dataset.short_max);
-    d.get("typical_min", s.dataset.typical_min);
-    d.get("typical_max", s.dataset.typical_max);
-    d.get("long_min", s.dataset.long_min);
-    d.get("long_max", s.dataset.long_max);
-    d.get("short_share", s.dataset.short_share);
-    d.get("long_share", s.dataset.long_share);
-    d.get("prompt_share", s.dataset.prompt_share);
-    d.get("all_prompt_share", s.dataset.all_prompt_share);
-    d.get("shuffle", s.dataset.shuffle);
-  });
-  r.object("batch", [&](Reader& b) {
-    b.get("micro", s.batch.micro);
-    b.get("accum", s.batch.accum);
-  });
-  r.object("topology", [&](Reader& t) {
-    t.get("dp", s.topology.dp);
-    t.get("tp", s.topology.tp);
-    t.get("pp", s.topology.pp);
-  });
-  r.get("updates", s.updates);
-  r.get("dtype", s.dtype);
-  r.object("optimizer", [&](Reader& o) {
-    o.get("name", s.optimizer.name);
-    o.get("lr", s.optimizer.lr);
-    o.get("momentum", s.optimizer.momentum);
-    o.get("beta1", s.optimizer.beta1);
-    o.get("beta2", s.optimizer.beta2);
-    o.get("eps", s.optimizer.eps);
-    o.get("weight_decay", s.optimizer.weight_decay);
-    o.get("max_grad_norm", s.optimizer.max_grad_norm);
-  });
-  r.object("tolerance", [&](Reader& t) {
-    t.get("float64", s.tolerance.float64);
-    t.get("float32", s.tolerance.float32);
-    t.get("bfloat16", s.tolerance.bfloat16);
-    t.get("scale_float64", s.tolerance.scale_float64);
-    t.get("scale_float32", s.tolerance.scale_float32);
-    t.get("scale_bfloat16", s.tolerance.scale_bfloat16);
-    t.get("floor_factor", s.tolerance.floor_factor);
-  });
-  r.object("pipeline", [&](Reader& q) { q.get("schedule", s.pipeline.schedule); });
-  r.object("timeout", [&](Reader& t) {
-    t.get("collective_s", s.timeout.collective_s);
-    t.get("run_s", s.timeout.run_s);
-  });
-  r.object("memory", [&](Reader& m) { m.get("budget_bytes", s.memory.budget_bytes); });
-  r.object("resume", [&](Reader& q) {
-    q.get("at", s.resume.at);
-    q.get("backend", s.resume.backend);
-    q.get("command", s.resume.command);
-    q.get("world", s.resume.world);
-    q.get("micro", s.resume.micro);
-    q.get("accum", s.resume.accum);
-  });
-  r.get("device", s.device);
-  r.get("tf32", s.tf32);
+  leave();
   r.finish();
   validate_spec(s);
   return s;
@@ -303,39 +321,20 @@ Spec load_spec(const std::string& path) {
 }
 
 std::string spec_to_json(const Spec& s) {
-  json j = {
-      {"seed", s.seed},
-      {"model", {{"vocab", s.model.vocab}, {"d_model", s.model.d_model}, {"heads", s.model.heads},
-                 {"layers", s.model.layers}, {"d_ff", s.model.d_ff}, {"max_len", s.model.max_len},
-                 {"factory", s.model.factory}}},
-      {"dataset", {{"size", s.dataset.size}, {"short_min", s.dataset.short_min}, {"short_max", s.dataset.short_max},
-                   {"typical_min", s.dataset.typical_min}, {"typical_max", s.dataset.typical_max},
-                   {"long_min", s.dataset.long_min}, {"long_max", s.dataset.long_max},
-                   {"short_share", s.dataset.short_share}, {"long_share", s.dataset.long_share},
-                   {"prompt_share", s.dataset.prompt_share}, {"all_prompt_share", s.dataset.all_prompt_share},
-                   {"shuffle", s.dataset.shuffle}}},
-      {"batch", {{"micro", s.batch.micro}, {"accum", s.batch.accum}}},
-      {"topology", {{"dp", s.topology.dp}, {"tp", s.topology.tp}, {"pp", s.topology.pp}}},
-      {"updates", s.updates},
-      {"dtype", dtype_name(s.dtype)},
-      {"optimizer", {{"name", s.optimizer.name}, {"lr", s.optimizer.learning_rate()}, {"momentum", s.optimizer.momentum},
-                     {"beta1", s.optimizer.beta1}, {"beta2", s.optimizer.beta2}, {"eps", s.optimizer.eps},
-                     {"weight_decay", s.optimizer.weight_decay}, {"max_grad_norm", s.optimizer.max_grad_norm}}},
-      {"tolerance", {{"float64", s.tolerance.float64}, {"float32", s.tolerance.float32},
-                     {"bfloat16", s.tolerance.bfloat16}, {"scale_float64", s.tolerance.scale_float64},
-                     {"scale_float32", s.tolerance.scale_float32}, {"scale_bfloat16", s.tolerance.scale_bfloat16},
-                     {"floor_factor", s.tolerance.floor_factor}}},
-      {"timeout", {{"collective_s", s.timeout.collective_s}, {"run_s", s.timeout.run_s}}},
-      {"pipeline", {{"schedule", s.pipeline.schedule}}},
-      {"memory", {{"budget_bytes", s.memory.budget_bytes}}},
-  };
-  // Only a resumed run says so: every other spec (and plan.json) stays as it was.
-  if (s.resume.at > 0)
-    j["resume"] = {{"at", s.resume.at}, {"backend", s.resume.backend}, {"world", s.resume.world},
-                   {"micro", s.resume.micro}, {"accum", s.resume.accum}};
-  if (!s.resume.command.empty()) j["resume"]["command"] = s.resume.command;  // external stacks only
-  if (s.device != "cpu") j["device"] = s.device;  // likewise: a CPU spec's JSON is as it was
-  if (s.tf32) j["tf32"] = true;
+  json j = json::object();
+  spec_fields(s, [&](const char* sec, const char* key, const auto& member) {
+    const std::string section = sec, k = key;
+    // Only a resumed run says so (every other spec, and plan.json, stays as it was); likewise a
+    // device other than the CPU and TF32 on; resume.command only for an external stack.
+    if (section == "resume" && (k == "command" ? s.resume.command.empty() : s.resume.at <= 0)) return;
+    if (k == "device" && section.empty() && s.device == "cpu") return;
+    if (k == "tf32" && section.empty() && !s.tf32) return;
+    json& at = section.empty() ? j[k] : j[section][k];
+    if (section == "optimizer" && k == "lr")
+      at = s.optimizer.learning_rate();  // the rate used: lr 0 means the optimizer's default
+    else
+      at = to_json_value(member);
+  });
   return j.dump(2);
 }
 

@@ -11,39 +11,42 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "gradcert reads and wri
 
 namespace gradcert {
 
-int dtype_bytes(DType d) {
-  switch (d) {
-    case DType::Float64: return 8;
-    case DType::Float32: return 4;
-    case DType::BFloat16: return 2;
-  }
-  return 8;
+namespace {
+
+constexpr DTypeFacts kDTypes[] = {
+    {DType::Float64, "float64", "F64", "fp64", 8},
+    {DType::Float32, "float32", "F32", "fp32", 4},
+    {DType::BFloat16, "bfloat16", "BF16", "bf16", 2},
+};
+
+}  // namespace
+
+const DTypeFacts& dtype_facts(DType d) {
+  for (const auto& f : kDTypes)
+    if (f.dtype == d) return f;
+  return kDTypes[0];
 }
 
-std::string dtype_name(DType d) {
-  switch (d) {
-    case DType::Float64: return "float64";
-    case DType::Float32: return "float32";
-    case DType::BFloat16: return "bfloat16";
-  }
-  return "float64";
-}
+int dtype_bytes(DType d) { return dtype_facts(d).bytes; }
+
+std::string dtype_name(DType d) { return dtype_facts(d).name; }
 
 DType parse_dtype(const std::string& name) {
-  if (name == "float64") return DType::Float64;
-  if (name == "float32") return DType::Float32;
-  if (name == "bfloat16") return DType::BFloat16;
+  for (const auto& f : kDTypes)
+    if (name == f.name) return f.dtype;
   throw std::invalid_argument("unknown dtype '" + name +
                               "' (expected float64, float32 or bfloat16)");
 }
 
-std::string safetensors_dtype(DType d) {
-  switch (d) {
-    case DType::Float64: return "F64";
-    case DType::Float32: return "F32";
-    case DType::BFloat16: return "BF16";
-  }
-  return "F64";
+std::string safetensors_dtype(DType d) { return dtype_facts(d).safetensors; }
+
+bool dtype_from_safetensors(const std::string& s, DType& out) {
+  for (const auto& f : kDTypes)
+    if (s == f.safetensors) {
+      out = f.dtype;
+      return true;
+    }
+  return false;
 }
 
 int64_t HostTensor::numel() const {

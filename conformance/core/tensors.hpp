@@ -12,6 +12,18 @@ namespace gradcert {
 /// Element types gradcert reads and writes (safetensors dtype names F64, F32, BF16).
 enum class DType { Float64, Float32, BFloat16 };
 
+/// The facts of a dtype, one row each in tensors.cpp (the one dtype table; the tolerances per
+/// dtype are the spec's, ToleranceSpec).
+struct DTypeFacts {
+  DType dtype;
+  const char* name;         ///< "float64": the spec's and the reports' spelling
+  const char* safetensors;  ///< "F64"
+  const char* short_name;   ///< "fp64": the memory recipes' labels
+  int bytes;                ///< per element
+};
+/// The row of `d`.
+const DTypeFacts& dtype_facts(DType d);
+
 /// "float64" | "float32" | "bfloat16".
 std::string dtype_name(DType d);
 /// Parses "float64" | "float32" | "bfloat16"; throws std::invalid_argument naming the value.
@@ -20,6 +32,8 @@ DType parse_dtype(const std::string& name);
 int dtype_bytes(DType d);
 /// safetensors spelling: "F64" | "F32" | "BF16".
 std::string safetensors_dtype(DType d);
+/// The dtype of a safetensors spelling; false for one gradcert does not read.
+bool dtype_from_safetensors(const std::string& s, DType& out);
 
 /// One stretch of a streamed tensor's values in a file (NOTE [streamed tensors]): `count`
 /// values of `dtype` at byte `offset` of `path`, placed in the tensor at row-major index

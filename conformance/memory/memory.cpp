@@ -30,14 +30,7 @@ Recipe make_recipe(std::string name, double w, std::string wl, double g, std::st
   return r;
 }
 
-std::string short_dtype(DType d) {
-  switch (d) {
-    case DType::Float64: return "fp64";
-    case DType::Float32: return "fp32";
-    case DType::BFloat16: return "bf16";
-  }
-  return "fp64";
-}
+std::string short_dtype(DType d) { return dtype_facts(d).short_name; }
 
 }  // namespace
 

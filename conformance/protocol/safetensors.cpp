@@ -21,12 +21,7 @@ using json = nlohmann::json;
 
 constexpr uint64_t kMaxHeaderBytes = 100ull * 1024 * 1024;
 
-bool parse_safetensors_dtype(const std::string& s, DType& out) {
-  if (s == "F64") { out = DType::Float64; return true; }
-  if (s == "F32") { out = DType::Float32; return true; }
-  if (s == "BF16") { out = DType::BFloat16; return true; }
-  return false;
-}
+bool parse_safetensors_dtype(const std::string& s, DType& out) { return dtype_from_safetensors(s, out); }
 
 std::string shape_text(const std::vector<int64_t>& shape) {
   std::string s = "[";

@@ -19,11 +19,11 @@ it is not a Hugging Face model.
 
 from __future__ import annotations
 
-import math
 
 import torch.nn as nn
 
 from . import observe
+from ._observe_facts import loader_facts
 
 try:
     from lightning.pytorch.callbacks import Callback as _Base
@@ -67,20 +67,11 @@ class Callback(_Base):
         if len(trainer.optimizers) != 1:
             observe._fail_early(f"gradcert.lightning.Callback: the job has {len(trainer.optimizers)} optimizers; "
                                 f"gradcert observe certifies one")
-        world = int(trainer.world_size)
         accum = int(trainer.accumulate_grad_batches)
         loader = trainer.train_dataloader
-        micro = getattr(loader, "batch_size", None)
-        job = {"source": "Lightning Trainer", "accum": accum,
-               "max_grad_norm": float(trainer.gradient_clip_val or 0.0),
-               "precision": str(getattr(trainer.precision_plugin, "precision", trainer.precision))}
-        if micro:
-            job.update(micro=int(micro), expect_batch=int(micro) * accum * world)
-        try:
-            job["dataset_size"] = len(loader.dataset)
-            job["windows_per_epoch"] = math.ceil(len(loader) / accum)
-        except (TypeError, AttributeError):
-            pass
+        job = loader_facts(loader, accum)  # micro, B_update, dataset size, windows per epoch, drop_last
+        job.update(source="Lightning Trainer", max_grad_norm=float(trainer.gradient_clip_val or 0.0),
+                   precision=str(getattr(trainer.precision_plugin, "precision", trainer.precision)))
         sampler = getattr(loader, "sampler", None)
         if sampler is not None:
             job["sampler"] = type(sampler).__name__

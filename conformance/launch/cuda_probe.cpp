@@ -15,18 +15,15 @@ namespace gradcert {
 // CUDA. So the probe runs in a forked child that loads the driver itself (dlopen of
 // libcuda.so.1, cuInit, cuDeviceGetCount; no CUDA header or library is linked) and writes one
 // line back through a pipe. The three reasons it tells apart, in the order a user fixes them:
-//   1. this binary was built against a CPU-only torch (GRADCERT_WITH_CUDA is unset: the CUDA
+//   1. this binary was built against a CPU-only torch (GRADCERT_WITH_CUDA is unset; known without a child: the CUDA
 //      build is scripts/bootstrap --cuda && scripts/build --cuda, binary build-cuda/gradcert);
 //   2. no NVIDIA driver (libcuda.so.1 does not load);
 //   3. the driver loads but has no device (cuInit or cuDeviceGetCount fail or count 0;
 //      CUDA_VISIBLE_DEVICES is named, as it hides devices).
 namespace {
 
+#ifdef GRADCERT_WITH_CUDA
 std::string probe_in_child() {
-#ifndef GRADCERT_WITH_CUDA
-  return "0 this gradcert is built against a CPU-only torch (no CUDA, no NCCL): build the CUDA variant with "
-         "`scripts/bootstrap --cuda && scripts/build --cuda` and run build-cuda/gradcert";
-#else
   void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
   if (!lib) {
     const char* e = dlerror();
@@ -46,12 +43,16 @@ std::string probe_in_child() {
   if (int rc = count(&n); rc != 0) return "0 no CUDA device: cuDeviceGetCount fails with CUresult " + std::to_string(rc) + visible;
   if (n == 0) return "0 no CUDA device: the driver reports 0 devices" + visible;
   return std::to_string(n) + " ok";
-#endif
 }
+#endif
 
 }  // namespace
 
 CudaProbe probe_cuda() {
+#ifndef GRADCERT_WITH_CUDA
+  return {0, "this gradcert is built against a CPU-only torch (no CUDA, no NCCL): build the CUDA variant with "
+             "`scripts/bootstrap --cuda && scripts/build --cuda` and run build-cuda/gradcert"};  // no child needed
+#else
   int fds[2];
   if (pipe(fds) != 0) return {0, "cannot probe CUDA: pipe() failed"};
   const pid_t pid = fork();
@@ -84,6 +85,7 @@ CudaProbe probe_cuda() {
                    std::string(WIFSIGNALED(status) ? "signal " + std::to_string(WTERMSIG(status)) : "no output") + ")"};
   const int n = std::atoi(out.substr(0, sp).c_str());
   return n > 0 ? CudaProbe{n, ""} : CudaProbe{0, out.substr(sp + 1)};
+#endif
 }
 
 // NOTE [device] --device (run, certify, audit, observe) or the spec's `device`: "cpu" (the

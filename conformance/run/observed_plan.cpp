@@ -198,7 +198,6 @@ ObservedRun plan_observed(const ObserveRequest& req, const ObservedJob& job, con
     w.update = u;
     w.epoch = u / plan.windows_per_epoch;
     w.index_in_epoch = u % plan.windows_per_epoch;
-
     w.slots.assign(W, std::vector<Microbatch>(A));
     for (int g = 0; g < W; ++g) {
       const ObservedUpdate& r = rec[u][g];

@@ -45,6 +45,7 @@ from .ref import client
 ENV_DIR = "GRADCERT_OBSERVE_DIR"
 ENV_UPDATES = "GRADCERT_OBSERVE_UPDATES"
 ENV_KEEP_DROPOUT = "GRADCERT_OBSERVE_KEEP_DROPOUT"
+ENV_DEVICE = "GRADCERT_DEVICE"
 SCHEMA_RANK = "gradcert.observed-rank/1"
 SCHEMA_JOB = "gradcert.observed/1"
 SUPPORTED_OPTIMIZERS = {"SGD": "sgd", "Adam": "adam", "AdamW": "adamw"}
@@ -114,7 +115,7 @@ class Observer:
         self.dtype = self._dtype()
         # `gradcert observe --device D` (NOTE [device], conformance/launch/cuda_probe.cpp) holds
         # the job to D; the records are copied to the CPU, where the reference runs.
-        want, where = os.environ.get("GRADCERT_DEVICE", ""), {p.device.type for p in self.params.values()}
+        want, where = os.environ.get(ENV_DEVICE, ""), {p.device.type for p in self.params.values()}
         if want and where != {want}:
             raise ObserveError(f"gradcert observe --device {want}: rank {os.environ.get('RANK', '0')}'s model "
                                f"parameters are on {', '.join(sorted(where))}: move the model there before watch(), "

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import math
 import os
 import sys
@@ -150,9 +151,11 @@ def build_model(run: client.Run, dtype: torch.dtype) -> nn.Module:
         fail(str(e))
 
 
+@functools.lru_cache(maxsize=None)
 def device() -> torch.device:
     """The adapters' side of NOTE [device] (conformance/launch/cuda_probe.cpp): GRADCERT_DEVICE
-    cpu (default) or cuda, the latter cuda:<LOCAL_RANK mod the GPUs present>."""
+    cpu (default) or cuda, the latter cuda:<LOCAL_RANK mod the GPUs present>. Read once per
+    process (the loop asks per microbatch)."""
     d = os.environ.get("GRADCERT_DEVICE", "cpu") or "cpu"
     if d == "cpu":
         return torch.device("cpu")

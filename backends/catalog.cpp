@@ -1,5 +1,6 @@
-// The one list of built-in strategies. Adding one: its file in backends/ (the Backend and a
-// StrategyInfo), one line here, a row in README.md.
+// The one list of built-in strategies (NOTE [strategy descriptor]). Adding one: its file in
+// backends/ (the Backend and a StrategyInfo), one line here, a row in README.md; its CTest rows
+// follow from this list.
 #include "backends/catalog.hpp"
 
 #include <algorithm>
@@ -50,6 +51,17 @@ void Backend::validate(const Plan& plan, int world, Mutant mutant) const {
     if (std::find(names.begin(), names.end(), mutant_name(mutant)) == names.end())
       throw std::invalid_argument("backend " + name() + " does not support --inject " + mutant_name(mutant));
   }
+}
+
+// Defaults are not silent (NOTE [strategy descriptor]): an operation a strategy lacks is either
+// declared in its StrategyInfo or an error naming the strategy and the operation.
+NamedTensors Backend::state_tensors() {
+  throw std::logic_error("backend " + name() + " does not implement state_tensors() (memory.lower_bound needs it)");
+}
+
+NamedTensors Backend::replica_params() {
+  throw std::logic_error("backend " + name() + " does not implement replica_params() and its StrategyInfo declares no "
+                         "no_replica_digests reason (replicas.agree needs one or the other)");
 }
 
 std::vector<StatePiece> Backend::checkpoint_state(RankContext&, bool) {

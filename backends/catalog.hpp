@@ -17,15 +17,24 @@ struct CertifyTopology {
   std::string schedule;  ///< pp only: overrides pipeline.schedule ("" keeps the spec's)
 };
 
-/// A built-in strategy's self-description.
+/// NOTE [strategy descriptor] A built-in strategy's self-description, filled field by field by
+/// name in its own file (backends/<strategy>.cpp), with its traits and its factory named functions
+/// just above it (nccl-tests' style). strategies() is the one list: the harness, certify, the
+/// estimator, the audit, the mutant matrix (mutant_cases) and the conformance and GPU test
+/// matrices (conformance/tests) are all instantiated from it, so a new strategy is its file, one
+/// line in backends/catalog.cpp and a README row.
 struct StrategyInfo {
   std::string name;              ///< as on the command line and in reports
-  Sharding sharding;             ///< how it places model state (the estimator's rule)
+  Sharding sharding = Sharding::Single;  ///< how it places model state (the estimator's rule)
   StrategyTraits traits;         ///< which mutants it can plant (mutants.hpp)
   std::string reduction, sync;   ///< audit facts: how it reduces gradients, how it skips sync
   CertifyTopology primary;       ///< certify: every check, both optimizers, float32, every mutant
   std::vector<CertifyTopology> wider;  ///< certify: further topologies (correct runs only)
   int mutant_world = 0;          ///< certify: world of the mutant runs (0: the primary's)
+  /// What it does not report, declared (as c10d's Backend declares what it lacks): why no rank
+  /// of it holds a parameter whole to digest for replicas.agree. Empty: it reports them, and
+  /// Backend::replica_params must be overridden (the default throws naming the strategy).
+  std::string no_replica_digests;
   std::unique_ptr<Backend> (*make)() = nullptr;
 };
 

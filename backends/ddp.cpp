@@ -31,12 +31,33 @@ class DdpBackend : public Backend {
   ReplicaState state_;
 };
 
+namespace {
+
+// The descriptor's parts, each named (NOTE [strategy descriptor] in backends/catalog.hpp).
+StrategyTraits ddp_traits() {
+  StrategyTraits t;
+  t.final_allreduce = true;
+  t.replica_digests = true;
+  return t;
+}
+
+std::unique_ptr<Backend> make_ddp() { return std::make_unique<DdpBackend>(); }
+
+}  // namespace
+
 const StrategyInfo& ddp_strategy() {
-  static const StrategyInfo info{"ddp", Sharding::DDP,
-                                 /*traits: data_parallel, final_allreduce, reduce_scatter, gathers_params, tp, replica digests, sharded state*/ {true, true, false, false, false, true, false},
-                                 "one flat all-reduce per window (divide by D, then SUM)",
-                                 "accumulates locally, one reduction after microstep A-1",
-                                 {2, 1, 1}, std::vector<CertifyTopology>{{3, 1, 1}}, 0, [] { std::unique_ptr<Backend> b = std::make_unique<DdpBackend>(); return b; }};
+  static const StrategyInfo info = [] {
+    StrategyInfo s;
+    s.name = "ddp";
+    s.sharding = Sharding::DDP;
+    s.traits = ddp_traits();
+    s.reduction = "one flat all-reduce per window (divide by D, then SUM)";
+    s.sync = "accumulates locally, one reduction after microstep A-1";
+    s.primary = {2, 1, 1};
+    s.wider = {{3, 1, 1}};
+    s.make = make_ddp;
+    return s;
+  }();
   return info;
 }
 

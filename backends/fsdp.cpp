@@ -64,12 +64,12 @@ class FsdpBackend : public Backend {
         end = std::max(end, e.offset + e.numel);
       }
       u->shard = std::make_unique<FlatShard>(begin, end - begin, ctx.plan->dp, ctx.plan->dp_rank_of(ctx.rank));
-      auto flat = torch::zeros({end - begin}, master_type);
+      auto flat = torch::zeros({end - begin}, torch::TensorOptions().dtype(master_type).device(compute_device()));
       for (auto& [name, t] : u->params) {
         const auto& e = layout_.at(name);
         flat.slice(0, e.offset - begin, e.offset - begin + e.numel).copy_(t.detach().reshape({-1}).to(master_type));
       }
-      u->master = torch::zeros({u->shard->shard}, master_type);
+      u->master = torch::zeros({u->shard->shard}, torch::TensorOptions().dtype(master_type).device(compute_device()));
       u->master.slice(0, 0, u->shard->hi() - u->shard->lo()).copy_(flat.slice(0, u->shard->lo(), u->shard->hi()));
       u->weights = u->master.to(scalar_type(ctx.spec->dtype));  // aliases master unless bfloat16
       free(*u);
@@ -222,12 +222,35 @@ class FsdpBackend : public Backend {
   int64_t last_full_targets_ = -1;
 };
 
+namespace {
+
+// The descriptor's parts, each named (NOTE [strategy descriptor] in backends/catalog.hpp).
+StrategyTraits fsdp_traits() {
+  StrategyTraits t;
+  t.reduce_scatter = true;
+  t.gathers_params = true;
+  t.sharded_state = true;
+  return t;
+}
+
+std::unique_ptr<Backend> make_fsdp() { return std::make_unique<FsdpBackend>(); }
+
+}  // namespace
+
 const StrategyInfo& fsdp_strategy() {
-  static const StrategyInfo info{"fsdp", Sharding::FSDP,
-                                 /*traits: data_parallel, final_allreduce, reduce_scatter, gathers_params, tp, replica digests, sharded state*/ {true, false, true, true, false, false, true},
-                                 "gradcert's C++ FSDP: per-layer units, reduce-scatter after each unit's backward",
-                                 "no skipping: reduce-scatter after each unit's backward on every microstep",
-                                 {2, 1, 1}, std::vector<CertifyTopology>{{3, 1, 1}}, 0, [] { std::unique_ptr<Backend> b = std::make_unique<FsdpBackend>(); return b; }};
+  static const StrategyInfo info = [] {
+    StrategyInfo s;
+    s.name = "fsdp";
+    s.sharding = Sharding::FSDP;
+    s.traits = fsdp_traits();
+    s.reduction = "gradcert's C++ FSDP: per-layer units, reduce-scatter after each unit's backward";
+    s.sync = "no skipping: reduce-scatter after each unit's backward on every microstep";
+    s.primary = {2, 1, 1};
+    s.wider = {{3, 1, 1}};
+    s.no_replica_digests = "every parameter is sharded over the DP ranks: no rank holds one whole after the step";
+    s.make = make_fsdp;
+    return s;
+  }();
   return info;
 }
 

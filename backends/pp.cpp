@@ -9,6 +9,7 @@
 #include <tuple>
 
 #include "backends/catalog.hpp"
+#include "backends/runtime/comm.hpp"
 #include "backends/runtime/flat.hpp"
 #include "backends/runtime/replica.hpp"
 #include "conformance/layout/layout.hpp"
@@ -67,7 +68,7 @@ class PpBackend : public Backend {
         x = embed_tokens(model_, b.input);
       } else {
         const std::vector<int64_t> shape = {b.input.size(0), b.input.size(1), ctx.spec->model.d_model};
-        x = recv(ctx, torch::empty(shape, torch::TensorOptions().dtype(dtype)), prev, tag(update, a, 0));
+        x = recv(ctx, torch::empty(shape, torch::TensorOptions().dtype(dtype).device(compute_device())), prev, tag(update, a, 0));
         x.requires_grad_();
       }
       inputs[a] = x;
@@ -119,8 +120,8 @@ class PpBackend : public Backend {
     out.record.loss_sum = stage_loss;
     double S = stage_loss;
     if (ctx.pg) {
-      std::vector<at::Tensor> t{torch::tensor({stage_loss}, torch::kFloat64)};
-      ctx.pg->allreduce(t, c10d::AllreduceOptions{})->wait();
+      auto t = torch::tensor({stage_loss}, torch::kFloat64);
+      all_reduce_sum(*ctx.pg, t);
       S = t[0].item<double>();
     }
     out.loss = out.valid_targets > 0 ? S / static_cast<double>(out.valid_targets) : 0.0;
@@ -171,13 +172,10 @@ class PpBackend : public Backend {
   static int tag(int update, int micro, int backward) { return (update * 4096 + micro) * 2 + backward; }
 
   static c10::intrusive_ptr<c10d::Work> send(RankContext& ctx, const torch::Tensor& t, int peer, int tag) {
-    std::vector<at::Tensor> v{t.contiguous()};
-    return ctx.pg->send(v, peer, tag);
+    return send_to(*ctx.pg, t, peer, tag);
   }
   static torch::Tensor recv(RankContext& ctx, torch::Tensor into, int peer, int tag) {
-    std::vector<at::Tensor> v{into};
-    ctx.pg->recv(v, peer, tag)->wait();
-    return v[0];
+    return recv_from(*ctx.pg, std::move(into), peer, tag);
   }
 
   // This rank's shard artifacts (NOTE [shard artifacts]): its stage's own tensors whole, DP
@@ -208,12 +206,34 @@ class PpBackend : public Backend {
   int64_t last_full_targets_ = -1;
 };
 
+namespace {
+
+// The descriptor's parts, each named (NOTE [strategy descriptor] in backends/catalog.hpp).
+StrategyTraits pp_traits() {
+  StrategyTraits t;
+  t.final_allreduce = true;
+  t.sharded_state = true;
+  return t;
+}
+
+std::unique_ptr<Backend> make_pp() { return std::make_unique<PpBackend>(); }
+
+}  // namespace
+
 const StrategyInfo& pp_strategy() {
-  static const StrategyInfo info{"pp", Sharding::PP,
-                                 /*traits: data_parallel, final_allreduce, reduce_scatter, gathers_params, tp, replica digests, sharded state*/ {true, true, false, false, false, false, true},
-                                 "pipeline stages x DP: all-reduce over the DP group per stage",
-                                 "see backends/pp.cpp",
-                                 {2, 1, 2}, std::vector<CertifyTopology>{{4, 1, 2}, {2, 1, 2, "gpipe"}}, 4, [] { std::unique_ptr<Backend> b = std::make_unique<PpBackend>(); return b; }};
+  static const StrategyInfo info = [] {
+    StrategyInfo s;
+    s.name = "pp";
+    s.sharding = Sharding::PP;
+    s.traits = pp_traits();
+    s.reduction = "pipeline stages x DP: all-reduce over the DP group per stage";
+    s.sync = "see backends/pp.cpp";
+    s.primary = {2, 1, 2};
+    s.wider = {{4, 1, 2}, {2, 1, 2, "gpipe"}};
+    s.mutant_world = 4;
+    s.make = make_pp;
+    return s;
+  }();
   return info;
 }
 

@@ -28,12 +28,32 @@ class SingleBackend : public Backend {
   ReplicaState state_;
 };
 
+namespace {
+
+// The descriptor's parts, each named (NOTE [strategy descriptor] in backends/catalog.hpp).
+StrategyTraits single_traits() {
+  StrategyTraits t;
+  t.data_parallel = false;
+  return t;
+}
+
+std::unique_ptr<Backend> make_single() { return std::make_unique<SingleBackend>(); }
+
+}  // namespace
+
 const StrategyInfo& single_strategy() {
-  static const StrategyInfo info{"single", Sharding::Single,
-                                 /*traits: data_parallel, final_allreduce, reduce_scatter, gathers_params, tp, replica digests, sharded state*/ {false, false, false, false, false, false, false},
-                                 "none (one process, D = 1)",
-                                 "no reduction (D = 1)",
-                                 {1, 1, 1}, {}, 0, [] { std::unique_ptr<Backend> b = std::make_unique<SingleBackend>(); return b; }};
+  static const StrategyInfo info = [] {
+    StrategyInfo s;
+    s.name = "single";
+    s.sharding = Sharding::Single;
+    s.traits = single_traits();
+    s.reduction = "none (one process, D = 1)";
+    s.sync = "no reduction (D = 1)";
+    s.primary = {1, 1, 1};
+    s.no_replica_digests = "one process (D = 1): no replicas";
+    s.make = make_single;
+    return s;
+  }();
   return info;
 }
 

@@ -6,6 +6,7 @@
 // averaged over the DP group. TP ranks of a replica consume the same examples.
 #include "backends/catalog.hpp"
 #include "backends/runtime/checkpoint.hpp"
+#include "backends/runtime/comm.hpp"
 #include "backends/runtime/flat.hpp"
 #include "backends/runtime/replica.hpp"
 #include "conformance/layout/layout.hpp"
@@ -25,9 +26,9 @@ thread_local c10d::Backend* tp_group = nullptr;
 
 torch::Tensor tp_all_reduce(const torch::Tensor& t) {
   if (!tp_group) return t.clone();  // TP = 1
-  std::vector<at::Tensor> v{t.contiguous().clone()};
-  tp_group->allreduce(v, c10d::AllreduceOptions{})->wait();
-  return v[0];
+  auto v = t.contiguous().clone();
+  all_reduce_sum(*tp_group, v);
+  return v;
 }
 
 // f: identity forward, all-reduce of the input gradient backward (before column-parallel).
@@ -114,7 +115,7 @@ struct TpModelImpl : torch::nn::Module {
     lm_head = register_module("lm_head", torch::nn::Linear(torch::nn::LinearOptions(m.d_model, m.vocab).bias(false)));
   }
   torch::Tensor forward(const torch::Tensor& input) {
-    auto pos = torch::arange(input.size(1), torch::kLong);
+    auto pos = torch::arange(input.size(1), torch::TensorOptions().dtype(torch::kLong).device(input.device()));
     auto x = wte->forward(input) + wpe->forward(pos).unsqueeze(0);
     for (const auto& b : *blocks) x = b->as<TpBlock>()->forward(x);
     return lm_head->forward(ln_f->forward(x));
@@ -156,7 +157,7 @@ class TpBackend : public Backend {
     layout_ = FlatLayout::of(init);
     const auto dtype = scalar_type(ctx.spec->dtype);
     model_ = TpModel(ctx.spec->model, tp_);
-    model_->to(dtype);
+    model_->to(compute_device(), dtype);
     torch::NoGradGuard ng;
     for (auto& p : model_->named_parameters()) {
       auto full = from_host(init.at(p.key()), dtype);
@@ -312,12 +313,36 @@ class TpBackend : public Backend {
   int64_t last_full_targets_ = -1;
 };
 
+namespace {
+
+// The descriptor's parts, each named (NOTE [strategy descriptor] in backends/catalog.hpp).
+StrategyTraits tp_traits() {
+  StrategyTraits t;
+  t.final_allreduce = true;
+  t.tensor_parallel = true;
+  t.replica_digests = true;
+  t.sharded_state = true;
+  return t;
+}
+
+std::unique_ptr<Backend> make_tp() { return std::make_unique<TpBackend>(); }
+
+}  // namespace
+
 const StrategyInfo& tp_strategy() {
-  static const StrategyInfo info{"tp", Sharding::TP,
-                                 /*traits: data_parallel, final_allreduce, reduce_scatter, gathers_params, tp, replica digests, sharded state*/ {true, true, false, false, true, true, true},
-                                 "Megatron TP x DP: all-reduce over the DP group; TP-partitioned tensors",
-                                 "see backends/tp.cpp",
-                                 {2, 2, 1}, std::vector<CertifyTopology>{{4, 2, 1}}, 4, [] { std::unique_ptr<Backend> b = std::make_unique<TpBackend>(); return b; }};
+  static const StrategyInfo info = [] {
+    StrategyInfo s;
+    s.name = "tp";
+    s.sharding = Sharding::TP;
+    s.traits = tp_traits();
+    s.reduction = "Megatron TP x DP: all-reduce over the DP group; TP-partitioned tensors";
+    s.sync = "see backends/tp.cpp";
+    s.primary = {2, 2, 1};
+    s.wider = {{4, 2, 1}};
+    s.mutant_world = 4;
+    s.make = make_tp;
+    return s;
+  }();
   return info;
 }
 

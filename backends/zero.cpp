@@ -1,6 +1,7 @@
 #include "backends/zero.hpp"
 
 #include "backends/runtime/checkpoint.hpp"
+#include "backends/runtime/comm.hpp"
 
 namespace gradcert {
 
@@ -28,7 +29,7 @@ void ZeroState::setup(RankContext& ctx) {
   layout_ = FlatLayout::of(init);
   shard_ = std::make_unique<FlatShard>(0, layout_.total, ctx.plan->dp, ctx.plan->dp_rank_of(ctx.rank));
   const auto master_type = ctx.spec->dtype == DType::BFloat16 ? torch::kFloat32 : scalar_type(ctx.spec->dtype);
-  master_ = torch::zeros({shard_->shard}, master_type);
+  master_ = torch::zeros({shard_->shard}, torch::TensorOptions().dtype(master_type).device(compute_device()));
   std::vector<torch::Tensor> parts;
   for (const auto& e : layout_.entries) parts.push_back(from_host(init.at(e.name), master_type).reshape({-1}));
   auto flat = torch::cat(parts);
@@ -92,7 +93,7 @@ RankUpdate ZeroState::run_update(RankContext& ctx, int update) {
   if (stage_ == 1) {
     // Stage 1: gradients are all-reduced in full; each rank keeps its slice.
     std::vector<at::Tensor> t{local / static_cast<double>(dp)};
-    if (auto g = dp_group(ctx); g && ctx.mutant != Mutant::MissingFinalSync) g->allreduce(t, c10d::AllreduceOptions{})->wait();
+    if (auto g = dp_group(ctx); g && ctx.mutant != Mutant::MissingFinalSync) all_reduce_sum(*g, t[0]);
     grad_shard = torch::zeros({shard_->shard}, local.options());
     grad_shard.slice(0, 0, shard_->hi() - shard_->lo()).copy_(t[0].slice(0, shard_->lo(), shard_->hi()));
   } else {

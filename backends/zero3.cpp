@@ -5,12 +5,34 @@
 
 namespace gradcert {
 
+namespace {
+
+// The descriptor's parts, each named (NOTE [strategy descriptor] in backends/catalog.hpp).
+StrategyTraits zero3_traits() {
+  StrategyTraits t;
+  t.reduce_scatter = true;
+  t.gathers_params = true;
+  t.sharded_state = true;
+  return t;
+}
+
+std::unique_ptr<Backend> make_zero3() { return std::make_unique<ZeroBackend>(3); }
+
+}  // namespace
+
 const StrategyInfo& zero3_strategy() {
-  static const StrategyInfo info{"zero3", Sharding::ZeRO3,
-                                 /*traits: data_parallel, final_allreduce, reduce_scatter, gathers_params, tp, replica digests, sharded state*/ {true, false, true, true, false, false, true},
-                                 "ZeRO-3: reduce-scatter; parameters sharded and all-gathered per use",
-                                 "accumulates locally, one reduction after microstep A-1",
-                                 {2, 1, 1}, std::vector<CertifyTopology>{{3, 1, 1}}, 0, [] { std::unique_ptr<Backend> b = std::make_unique<ZeroBackend>(3); return b; }};
+  static const StrategyInfo info = [] {
+    StrategyInfo s;
+    s.name = "zero3";
+    s.sharding = Sharding::ZeRO3;
+    s.traits = zero3_traits();
+    s.reduction = "ZeRO-3: reduce-scatter; parameters sharded and all-gathered per use";
+    s.sync = "accumulates locally, one reduction after microstep A-1";
+    s.primary = {2, 1, 1};
+    s.wider = {{3, 1, 1}};
+    s.make = make_zero3;
+    return s;
+  }();
   return info;
 }
 

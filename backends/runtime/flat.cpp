@@ -1,8 +1,6 @@
 #include "backends/runtime/flat.hpp"
 
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-#include <torch/csrc/distributed/c10d/Types.hpp>
+#include "backends/runtime/comm.hpp"
 
 namespace gradcert {
 
@@ -10,32 +8,6 @@ c10::intrusive_ptr<c10d::Backend> dp_group(const RankContext& ctx) {
   if (ctx.dp_pg) return ctx.dp_pg;
   if (ctx.plan->dp > 1 && ctx.plan->dp == ctx.world) return ctx.pg;
   return {};
-}
-
-namespace {
-
-c10::intrusive_ptr<c10d::Backend> gloo_group(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                                             double timeout_s) {
-  auto opts = c10d::ProcessGroupGloo::Options::create(std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
-  opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-  return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, opts);
-}
-
-}  // namespace
-
-void make_process_groups(RankContext& ctx, const c10::intrusive_ptr<c10d::Store>& store) {
-  const Plan& p = *ctx.plan;
-  const double t = ctx.spec->timeout.collective_s;
-  ctx.pg = gloo_group(store, ctx.rank, ctx.world, t);
-  const Coords me = coords_of(p, ctx.rank);
-  if (p.dp > 1 && p.dp < ctx.world) {
-    const std::string prefix = "dp/" + std::to_string(me.tp) + "/" + std::to_string(me.pp);
-    ctx.dp_pg = gloo_group(c10::make_intrusive<c10d::PrefixStore>(prefix, store), me.dp, p.dp, t);
-  }
-  if (p.tp > 1) {
-    const std::string prefix = "tp/" + std::to_string(me.dp) + "/" + std::to_string(me.pp);
-    ctx.tp_pg = gloo_group(c10::make_intrusive<c10d::PrefixStore>(prefix, store), me.tp, p.tp, t);
-  }
 }
 
 // NOTE [flat layout] The flat layout follows TensorMap order (by name). That keeps every
@@ -60,7 +32,7 @@ std::vector<ShardPiece> flat_pieces(const FlatLayout& layout, DType dtype,
   std::vector<ShardPiece> out;
   torch::NoGradGuard ng;
   fill([&](int64_t begin, const torch::Tensor& values) {
-    const auto v = values.detach().to(torch::kFloat64).contiguous();
+    const auto v = values.detach().to(torch::kFloat64).cpu().contiguous();
     const double* src = v.data_ptr<double>();
     const int64_t end = begin + v.numel();
     for (const auto& e : layout.entries) {  // the tensors [begin, end) spans
@@ -106,7 +78,7 @@ torch::Tensor FlatShard::all_gather(RankContext& ctx, const torch::Tensor& my_sh
   if (!g) return my_shard.slice(0, 0, numel).clone();
   auto full = torch::empty({shard * dp}, my_shard.options());
   auto input = my_shard.contiguous();
-  g->_allgather_base(full, input)->wait();
+  all_gather_into(*g, full, input);
   return full.slice(0, 0, numel);
 }
 
@@ -117,7 +89,7 @@ torch::Tensor FlatShard::reduce_scatter(RankContext& ctx, const torch::Tensor& f
   auto g = dp_group(ctx);
   if (!g) return padded;
   auto out = torch::empty({shard}, full.options());
-  g->_reduce_scatter_base(out, padded)->wait();
+  reduce_scatter_into(*g, out, padded);
   return out;
 }
 

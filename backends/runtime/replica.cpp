@@ -1,6 +1,7 @@
 #include "backends/runtime/replica.hpp"
 
 #include "backends/runtime/checkpoint.hpp"
+#include "backends/runtime/comm.hpp"
 
 #include <torch/csrc/distributed/c10d/Types.hpp>
 
@@ -45,9 +46,9 @@ int64_t counted_targets(const Batch& b, Mutant mutant) {
 std::pair<double, int64_t> allreduce_sum(RankContext& ctx, double x, int64_t n) {
   auto group = dp_group(ctx);
   if (!group) return {x, n};
-  std::vector<at::Tensor> t{torch::tensor({x, static_cast<double>(n)}, torch::kFloat64)};
-  group->allreduce(t, c10d::AllreduceOptions{})->wait();
-  return {t[0][0].item<double>(), static_cast<int64_t>(std::llround(t[0][1].item<double>()))};
+  auto t = torch::tensor({x, static_cast<double>(n)}, torch::kFloat64);
+  all_reduce_sum(*group, t);
+  return {t[0].item<double>(), static_cast<int64_t>(std::llround(t[1].item<double>()))};
 }
 
 double loss_scale(Mutant mutant, int dp, int accum, int64_t window_targets, int64_t micro_targets,
@@ -152,7 +153,7 @@ void average_gradients(RankContext& ctx, const std::vector<torch::Tensor>& param
   std::vector<torch::Tensor> grads;
   for (const auto& p : params) grads.push_back(p.grad().reshape({-1}));
   std::vector<at::Tensor> flat{torch::cat(grads).div_(static_cast<double>(ctx.plan->dp))};
-  group->allreduce(flat, c10d::AllreduceOptions{})->wait();
+  all_reduce_sum(*group, flat[0]);
   int64_t offset = 0;
   for (const auto& p : params) {
     const auto n = p.numel();

@@ -38,6 +38,8 @@ struct RankContext {
   c10::intrusive_ptr<c10d::Backend> dp_pg;
   /// The TP peers of this replica and stage; null when TP == 1.
   c10::intrusive_ptr<c10d::Backend> tp_pg;
+  /// What the groups are: "gloo" or "nccl" (process_group_kind, NOTE [collectives on a device]).
+  std::string process_group = "gloo";
   /// The planted bug to run with (Mutant::None for none; backends/runtime/mutants.hpp).
   Mutant mutant = Mutant::None;
   /// The worker's phase recorder while it measures memory (null otherwise), and the prefix
@@ -87,8 +89,9 @@ class UntimedScope {
 /// The data-parallel group of a rank (null when D == 1).
 c10::intrusive_ptr<c10d::Backend> dp_group(const RankContext& ctx);
 
-/// Creates ctx.pg, ctx.dp_pg and ctx.tp_pg over one c10d store (Gloo, with the spec's
-/// collective timeout). Every rank calls it; each joins only its own groups.
+/// Creates ctx.pg, ctx.dp_pg and ctx.tp_pg over one c10d store (ctx.process_group's kind, with
+/// the spec's collective timeout). Every rank calls it; each joins only its own groups.
+/// Defined in backends/runtime/comm.cpp.
 void make_process_groups(RankContext& ctx, const c10::intrusive_ptr<c10d::Store>& store);
 
 /// What one rank produced for one update. Full canonical tensors are needed on rank 0 only.
@@ -119,13 +122,14 @@ class Backend {
   /// Runs one optimizer update (all microsteps of window `update`) on this rank.
   virtual RankUpdate run_update(RankContext& ctx, int update) = 0;
   /// Every tensor of model state this rank holds between updates: parameters as held
-  /// (full, sharded, or a stage's), gradients, master weights or shards, optimizer slots.
-  /// Empty: the backend does not report it (memory.lower_bound skips).
-  virtual NamedTensors state_tensors() { return {}; }
+  /// (full, sharded, or a stage's), gradients, master weights or shards, optimizer slots
+  /// (memory.lower_bound). The default throws naming the strategy: every strategy reports it.
+  virtual NamedTensors state_tensors();
   /// The canonical parameters this rank holds whole after the step (a DDP replica: all of
-  /// them), digested into rank<g>.json for replicas.agree (NOTE [replica digests]). Empty:
-  /// the backend reports none (sharded strategies; TP and PP do not yet).
-  virtual NamedTensors replica_params() { return {}; }
+  /// them), digested into rank<g>.json for replicas.agree (NOTE [replica digests]); empty
+  /// where this rank holds none whole. Not called for a strategy whose StrategyInfo declares
+  /// no_replica_digests (NOTE [strategy descriptor]); the default throws naming the strategy.
+  virtual NamedTensors replica_params();
   /// The state this rank holds, as pieces of canonical tensors (NOTE [checkpoints]). With
   /// `allocate_slots`, optimizer slots the optimizer would keep are created (zeros) first, so
   /// a load can fill them. The default throws: the backend cannot save or load.

@@ -110,7 +110,8 @@ AuditReport run_audit(const AuditRequest& q, std::ostream& progress) {
     rep.after = run_side(pa, rep.after_side, "after", 2);
   }
   rep.interrupted = interrupt_signal();
-  rep.environment = make_environment(spec.seed, spec.topology.world(), q.launcher);
+  rep.environment = make_environment(spec.seed, spec.topology.world(), q.launcher,
+                                     device_summary(spec, spec.topology.world(), rep.before_side.command.empty()));
 
   auto& diff = rep.differences;
   for (const auto* side : {&rep.before, &rep.after}) {

@@ -47,7 +47,10 @@ Verb add_observe_verb(CLI::App& app, CommonOptions& o) {
             const RunReport& run = report.runs.back();
             std::ifstream spec(req.run_dir + "/spec.json");  // absent when the job recorded nothing usable
             report.spec_json.assign(std::istreambuf_iterator<char>(spec), std::istreambuf_iterator<char>());
-            report.environment = make_environment(0, run.topology.world(), LauncherKind::Local);
+            Spec device_of;
+            device_of.device = req.device;
+            report.environment = make_environment(0, run.topology.world(), LauncherKind::Local,
+                                                  device_summary(device_of, run.topology.world(), false));
             return finish(report, dir);
           }};
 }

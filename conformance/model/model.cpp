@@ -31,7 +31,7 @@ torch::Tensor causal_self_attention(const torch::Tensor& qkv_out, int heads) {
   auto q = split(parts[0]), k = split(parts[1]), v = split(parts[2]);
   auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(hd));
   // Causal mask. With right padding, real positions never attend to padding.
-  auto future = torch::ones({T, T}, torch::kBool).triu(1);
+  auto future = torch::ones({T, T}, torch::TensorOptions().dtype(torch::kBool).device(qkv_out.device())).triu(1);
   scores = scores.masked_fill(future, -std::numeric_limits<double>::infinity());
   return torch::matmul(torch::softmax(scores, -1), v).transpose(1, 2).reshape({B, T, C});
 }
@@ -51,7 +51,7 @@ TinyLMImpl::TinyLMImpl(const ModelSpec& m) {
 }
 
 torch::Tensor TinyLMImpl::forward(const torch::Tensor& input) {
-  auto pos = torch::arange(input.size(1), torch::kLong);
+  auto pos = torch::arange(input.size(1), torch::TensorOptions().dtype(torch::kLong).device(input.device()));
   auto x = wte->forward(input) + wpe->forward(pos).unsqueeze(0);
   for (const auto& b : *blocks) x = b->as<Block>()->forward(x);
   return lm_head->forward(ln_f->forward(x));
@@ -71,7 +71,7 @@ HostTensor to_host(const std::string& name, const torch::Tensor& t, DType dtype)
   h.name = name;
   h.dtype = dtype;
   h.shape.assign(t.sizes().begin(), t.sizes().end());
-  auto flat = t.detach().to(torch::kFloat64).contiguous().view({-1});
+  auto flat = t.detach().to(torch::kFloat64).cpu().contiguous().view({-1});
   h.held.assign(flat.data_ptr<double>(), flat.data_ptr<double>() + flat.numel());
   return h;
 }
@@ -79,8 +79,18 @@ HostTensor to_host(const std::string& name, const torch::Tensor& t, DType dtype)
 torch::Tensor from_host(const HostTensor& h, torch::ScalarType dtype) {
   const TensorValues v = h.read();  // a streamed tensor (the stack's parameters) is read here
   auto t = torch::from_blob(const_cast<double*>(v.data()), h.shape, torch::kFloat64);
-  return t.to(dtype).clone();
+  return compute_device().is_cpu() ? t.to(dtype).clone() : t.to(compute_device(), dtype);
 }
+
+namespace {
+torch::Device& device_of_process() {
+  static torch::Device d(torch::kCPU);
+  return d;
+}
+}  // namespace
+
+void set_compute_device(const torch::Device& device) { device_of_process() = device; }
+const torch::Device& compute_device() { return device_of_process(); }
 
 TensorMap initial_params(const Spec& spec) {
   TinyLM shape_only(spec.model);
@@ -128,7 +138,7 @@ TensorMap initial_params(const Spec& spec, const std::string& file) {
 
 TinyLM make_model(const ModelSpec& m, const TensorMap& params, torch::ScalarType dtype) {
   TinyLM model(m);
-  model->to(dtype);
+  model->to(compute_device(), dtype);
   torch::NoGradGuard ng;
   for (auto& p : model->named_parameters()) {
     auto it = params.find(p.key());
@@ -181,6 +191,10 @@ Batch collate(const Spec& spec, const std::vector<int64_t>& ids) {
     b.valid_targets += s.valid_targets();
     b.input_tokens += static_cast<int64_t>(s.tokens.size());
   }
+  if (!compute_device().is_cpu()) {
+    b.input = b.input.to(compute_device());
+    b.labels = b.labels.to(compute_device());
+  }
   return b;
 }
 
@@ -193,7 +207,7 @@ torch::Tensor token_loss_sum(torch::Tensor logits, const torch::Tensor& labels) 
 torch::Tensor loss_sum(TinyLM& model, const Batch& batch) { return token_loss_sum(model->forward(batch.input), batch.labels); }
 
 torch::Tensor embed_tokens(TinyLM& model, const torch::Tensor& input) {
-  auto pos = torch::arange(input.size(1), torch::kLong);
+  auto pos = torch::arange(input.size(1), torch::TensorOptions().dtype(torch::kLong).device(input.device()));
   return model->wte->forward(input) + model->wpe->forward(pos).unsqueeze(0);
 }
 

@@ -40,6 +40,14 @@ struct TinyLMImpl : torch::nn::Module {
 };
 TORCH_MODULE(TinyLM);
 
+/// NOTE [compute device] Where this process builds models, batches and tensors read from host
+/// values (make_model, collate, from_host): the CPU unless a built-in rank on `--device cuda`
+/// set its GPU (run/worker.cpp). One device per process, as every rank is its own process; the
+/// harness and the float64 reference never set it, so they stay on the CPU. Host values
+/// (to_host, artifacts, digests) are always copied back to the CPU.
+void set_compute_device(const torch::Device& device);
+const torch::Device& compute_device();
+
 /// The torch dtype for a gradcert dtype.
 torch::ScalarType scalar_type(DType d);
 

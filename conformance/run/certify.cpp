@@ -107,10 +107,6 @@ std::vector<RunPlan> certify_matrix(const CertifyOptions& o) {
 // matrix, are identical with and without; certify took 21.4 / 21.4 s without, 19.6 / 19.9 s with
 // (alternated in one session). ConformanceOverlap.ChecksBesideTheNextLaunchGiveTheSameFigures.
 Report run_certify(const CertifyOptions& o, std::ostream& progress) {
-  if (o.spec.device != "cpu")
-    throw std::invalid_argument("--device " + o.spec.device + ": `gradcert certify` runs the built-in backends, which "
-                                "run on the CPU only (their CUDA path is not built yet); on CUDA gradcert runs external "
-                                "stacks (gradcert run --backend external with the PyTorch adapters) and `gradcert observe`");
   Report report;
   const auto requests = certify_matrix(o);
   int max_world = 1;
@@ -166,7 +162,7 @@ Report run_certify(const CertifyOptions& o, std::ostream& progress) {
       }
   }
   report.spec_json = spec_to_json(o.spec);
-  report.environment = make_environment(o.spec.seed, max_world, o.launcher);
+  report.environment = make_environment(o.spec.seed, max_world, o.launcher, device_summary(o.spec, max_world, true));
   return report;
 }
 

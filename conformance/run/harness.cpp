@@ -33,7 +33,9 @@
 #include <future>
 #include <thread>
 
+#include "backends/runtime/comm.hpp"
 #include "backends/runtime/strategy.hpp"
+#include "conformance/launch/cuda_probe.hpp"
 #include <nlohmann/json.hpp>
 
 #include "conformance/protocol/artifacts.hpp"
@@ -429,10 +431,22 @@ std::string self_exe() {
   return ec ? std::string("gradcert") : p.string();
 }
 
-Environment make_environment(uint64_t seed, int world, LauncherKind launcher) {
+std::string device_summary(const Spec& spec, int world, bool builtin) {
+  if (spec.device != "cuda") return "cpu";
+  const int gpus = probe_cuda().count;
+  std::string s = "cuda (" + std::to_string(gpus) + " GPU" + (gpus == 1 ? "" : "s");
+  if (builtin) {
+    const std::string pg = process_group_kind(true, world, gpus);
+    s += "; " + std::to_string(world) + " ranks on cuda:<rank mod " + std::to_string(gpus) + ">, process group " + pg +
+         (pg == "gloo" ? " staging CUDA tensors through host memory (ranks share a GPU, which NCCL refuses)" : "");
+  }
+  return s + "; TF32 " + (spec.tf32 ? "on" : "off") + "; float64 reference on the CPU)";
+}
+
+Environment make_environment(uint64_t seed, int world, LauncherKind launcher, const std::string& device) {
   Environment e;
   e.torch = TORCH_VERSION;
-  e.device = "cpu";
+  e.device = device;
   e.world = world;
   e.launcher = launcher == LauncherKind::Mpirun ? "mpirun" : "local";
   e.seed = seed;

@@ -70,8 +70,12 @@ struct CheckedRun {
 };
 CheckedRun check_run(const CheckRequest& request);
 
-/// The environment section: torch version, git commit, host, time.
-Environment make_environment(uint64_t seed, int world, LauncherKind launcher);
+/// The environment section: torch version, git commit, host, time, and the device the ranks ran
+/// on (device_summary).
+Environment make_environment(uint64_t seed, int world, LauncherKind launcher, const std::string& device = "cpu");
+/// The device of a run in words: "cpu", or for `--device cuda` the GPUs this machine has, the
+/// process group built-in ranks use there (NOTE [collectives on a device]) and TF32 on or off.
+std::string device_summary(const Spec& spec, int world, bool builtin);
 
 /// The path of the running executable (/proc/self/exe).
 std::string self_exe();

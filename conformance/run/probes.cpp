@@ -71,7 +71,7 @@ void measure_buckets(RankContext& ctx, const std::string& backend_name, const st
   for (auto bucket : {LengthBucket::Short, LengthBucket::Typical, LengthBucket::Long}) {
     const Plan probe = bucket_plan(*ctx.spec, *planned, bucket, 2);
     ctx.plan = &probe;
-    MemoryPhases phases(bucket_name(bucket), ctx.rank);
+    MemoryPhases phases(bucket_name(bucket), ctx.rank, compute_device().is_cuda() ? compute_device().index() : -1);
     phases.start();
     auto backend = make_backend(backend_name);
     backend->setup(ctx);

@@ -104,10 +104,6 @@ void validate_request(const RunPlan& p) {
                                   "not part of the checkpoint protocol yet");
     return;
   }
-  if (spec.device != "cpu")
-    throw std::invalid_argument("--device " + spec.device + ": the built-in backend '" + req.backend +
-                                "' runs on the CPU only (its CUDA path is not built yet); on CUDA gradcert runs "
-                                "external stacks (--backend external with the PyTorch adapters) and `gradcert observe`");
   if (!spec.resume.command.empty())
     throw std::invalid_argument("resume.command (--resume-command) applies to --backend external; a built-in "
                                 "second leg is resume.backend (--resume-backend)");

@@ -4,13 +4,18 @@
 
 #include "backends/catalog.hpp"
 #include "backends/runtime/checkpoint.hpp"
+#include "backends/runtime/comm.hpp"
 #include "conformance/memory/memory.hpp"
 #include "conformance/protocol/inputs.hpp"
 #include "conformance/run/probes.hpp"
 
 #include "conformance/run/rank_store.hpp"
 
+#include <ATen/DeviceAccelerator.h>
+#include <c10/core/Event.h>
+
 #include <algorithm>
+#include <optional>
 #include <chrono>
 #include <cstdio>
 #include <csignal>
@@ -91,6 +96,49 @@ Plan resumed_sampler(const Spec& spec, const Plan& plan, int first, int next) {
   return out;
 }
 
+// A built-in rank on `--device cuda` (NOTE [compute device]): its GPU is cuda:<rank mod GPUs>;
+// TF32 (cuBLAS and cuDNN) as the spec says, off by default; NCCL with a GPU per rank, else Gloo
+// (NOTE [collectives on a device]).
+void place_rank(const Spec& spec, RankContext& ctx) {
+  if (spec.device != "cuda") return;
+  const int gpus = static_cast<int>(at::accelerator::deviceCount());
+  if (gpus < 1)
+    throw std::runtime_error("device cuda: rank " + std::to_string(ctx.rank) + " sees no CUDA device (CUDA_VISIBLE_DEVICES?)");
+  const int index = ctx.rank % gpus;
+  at::accelerator::setDeviceIndex(static_cast<c10::DeviceIndex>(index));
+  set_compute_device(torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index)));
+  at::globalContext().setAllowTF32CuBLAS(spec.tf32);
+  at::globalContext().setAllowTF32CuDNN(spec.tf32);
+  ctx.process_group = process_group_kind(true, ctx.world, gpus);
+}
+
+// NOTE [step time on a device] A step's seconds: the host clock on the CPU; on a GPU, CUDA events
+// recorded on the rank's current stream before and after the update (the end event waited
+// for), so the time covers the kernels the host only queued. Both subtract the untimed
+// artifact assembly (host clock; its copies to the host synchronise the device).
+class StepClock {
+ public:
+  StepClock() {
+    if (!compute_device().is_cuda()) return;
+    begin_.emplace(c10::DeviceType::CUDA, c10::EventFlag::BACKEND_DEFAULT);
+    end_.emplace(c10::DeviceType::CUDA, c10::EventFlag::BACKEND_DEFAULT);
+  }
+  void start() {
+    t0_ = std::chrono::steady_clock::now();
+    if (begin_) begin_->record(at::accelerator::getCurrentStream(compute_device().index()));
+  }
+  double seconds(double untimed) {
+    if (!end_) return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count() - untimed;
+    end_->record(at::accelerator::getCurrentStream(compute_device().index()));
+    end_->synchronize();
+    return begin_->elapsedTime(*end_) / 1000.0 - untimed;
+  }
+
+ private:
+  std::optional<c10::Event> begin_, end_;
+  std::chrono::steady_clock::time_point t0_;
+};
+
 }  // namespace
 
 int worker_main(const WorkerArgs& args) {
@@ -120,6 +168,7 @@ int worker_main(const WorkerArgs& args) {
     ctx.rank = rank;
     ctx.world = world;
     ctx.mutant = parse_mutant(args.inject);
+    place_rank(spec, ctx);
     if (world > 1) {  // every rank is a client of the store the harness serves (NOTE [store] in harness.cpp)
       if (args.store.empty()) throw std::invalid_argument("worker: --store is required when the world has more than one rank");
       make_process_groups(ctx, connect_rank_store(args.store, std::chrono::milliseconds(static_cast<int64_t>(
@@ -153,17 +202,18 @@ int worker_main(const WorkerArgs& args) {
     std::vector<RankUpdateRecord> records;
     std::vector<ManifestUpdate> manifest;
     bool sharded = false;
+    StepClock clock;
     for (int update = first; update < end; ++update) {
       const Window& w = sampler.windows[update];
       maybe_fault(rank, w.update);
       ctx.untimed_seconds = 0;
-      const auto t0 = std::chrono::steady_clock::now();
+      clock.start();
       RankUpdate u = backend->run_update(ctx, w.update);
-      const double secs =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() - ctx.untimed_seconds;
+      const double secs = clock.seconds(ctx.untimed_seconds);
       {
         UntimedScope untimed(ctx);  // NOTE [replica digests]: outside the timed step
-        for (auto& [name, t] : backend->replica_params()) u.record.replicas[name] = tensor_digest(t);
+        if (strategy_info(args.backend).no_replica_digests.empty())
+          for (auto& [name, t] : backend->replica_params()) u.record.replicas[name] = tensor_digest(t);
       }
       records.push_back(u.record);
       sharded = u.sharded;
@@ -186,7 +236,7 @@ int worker_main(const WorkerArgs& args) {
       rec.nonce = nonce ? nonce : "";
       // The save's pause and peak on this rank (NOTE [resume]): the tracked storage it allocates
       // plus the host copies of its pieces, and the seconds until every rank has saved.
-      MemoryPhases phases("resume", rank);
+      MemoryPhases phases("resume", rank, compute_device().is_cuda() ? compute_device().index() : -1);
       phases.start();
       const int64_t host = save_checkpoint(ctx, *backend, args.run_dir + "/" + kCheckpointDir, rec);
       phases.mark("checkpoint save");

@@ -3,7 +3,7 @@
 # device it exits 77 (CTest's skip) and says why; on a GPU every case runs and must pass.
 #   conformance/tests/gpu_case.sh GRADCERT_EXE CASE
 # CASE: refusal (runs everywhere: without CUDA `--device cuda` exits 2 with one line and leaves
-#       an earlier report as it was; with CUDA the built-in backends refuse it by name),
+#       an earlier report as it was; on a GPU machine the same with CUDA_VISIBLE_DEVICES=""),
 #       adapter-ddp | adapter-fsdp2 (the PyTorch adapter on cuda at float64 and float32: NCCL with
 #       a GPU per rank, Gloo on CUDA tensors when 2 ranks share one GPU; the report must name the
 #       device and the CUDA allocator's peak), observe-ddp (examples/observe/ddp_loop.py --device cuda
@@ -41,10 +41,13 @@ case $case in
       [ $rc -eq 2 ] && grep -q "cuda.json: device cuda: " "$tmp/spec.log" || fail "the spec's device cuda: exit $rc, $(cat "$tmp/spec.log")"
       echo "refused as it must be: $(cat "$tmp/stderr.log")"
     else
-      "$exe" run --device cuda --backend ddp --out "$tmp/out" > "$tmp/stdout.log" 2> "$tmp/stderr.log"
+      # A GPU machine: the same refusal with every device hidden (the probe names CUDA_VISIBLE_DEVICES).
+      CUDA_VISIBLE_DEVICES="" "$exe" run --device cuda --out "$tmp/out" > "$tmp/stdout.log" 2> "$tmp/stderr.log"
       rc=$?
-      [ $rc -eq 2 ] && grep -q "runs on the CPU only" "$tmp/stderr.log" || fail "built-in ddp on cuda: exit $rc"
-      echo "built-in backends refuse cuda by name: $(cat "$tmp/stderr.log")"
+      [ $rc -eq 2 ] || fail "gradcert run --device cuda with CUDA_VISIBLE_DEVICES='' exited $rc, expected 2"
+      grep -q "CUDA_VISIBLE_DEVICES" "$tmp/stderr.log" || fail "the refusal does not name CUDA_VISIBLE_DEVICES: $(cat "$tmp/stderr.log")"
+      grep -q sentinel "$tmp/out/report.json" || fail "the earlier report was touched"
+      echo "refused as it must be: $(cat "$tmp/stderr.log")"
     fi
     ;;
   adapter-ddp|adapter-fsdp2)

@@ -9,8 +9,9 @@
 #include <filesystem>
 #include <numeric>
 
+#include <unistd.h>
+
 #include "conformance/protocol/artifacts.hpp"
-#include "conformance/tests/temp_dirs.hpp"
 #include "properties/generators.hpp"
 
 using namespace gradcert;
@@ -107,9 +108,17 @@ TensorMap write_and_read(const Placement& p, const std::string& dir) {
   return groups.at(0);
 }
 
+/// One folder per process for the cases' files (emptied per case, removed at exit).
 std::string scratch() {
-  static int n = 0;
-  return test::temp_dir("gradcert_prop", "shards" + std::to_string(n++));
+  namespace fs = std::filesystem;
+  static const fs::path dir = [] {
+    const fs::path d = fs::temp_directory_path() / ("gradcert_prop_shards_" + std::to_string(::getpid()));
+    std::atexit([] { std::error_code ec; fs::remove_all(fs::temp_directory_path() / ("gradcert_prop_shards_" + std::to_string(::getpid())), ec); });
+    return d;
+  }();
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir.string();
 }
 
 }  // namespace

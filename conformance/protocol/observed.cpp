@@ -101,6 +101,11 @@ ObservedJob read_observed_job(const std::string& dir, const std::string& nonce) 
     const Fields hf{model.at("hf"), path + " model.hf"};
     o.hf_loss_type = optional_string(hf, "loss_type");
   }
+  if (model.j.contains("rebuild")) {  // NOTE [the job's own module] (gradcert/_job_module.py)
+    const Fields rebuild{model.at("rebuild"), path + " model.rebuild"};
+    o.rebuild = optional_string(rebuild, "how");
+    o.rebuild_error = optional_string(rebuild, "error");
+  }
   o.labels = optional_string(top, "labels");
   const json& drop = array_field(top, "dropout_turned_off");
   for (size_t i = 0; i < drop.size(); ++i) {
@@ -189,9 +194,9 @@ ObservedUpdate read_observed_update(const std::string& dir, int rank, int update
   return o;
 }
 
-std::vector<ObservedError> read_observed_errors(const std::string& dir) {
+std::vector<ObservedError> read_observed_errors(const std::string& dir, const std::string& kind) {
   std::vector<ObservedError> out;
-  static const std::regex name(R"(observed\.rank([0-9]{1,7})\.error\.json)");
+  const std::regex name(R"(observed\.rank([0-9]{1,7})\.)" + kind + R"(\.json)");
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     std::smatch m;
@@ -205,6 +210,7 @@ std::vector<ObservedError> read_observed_errors(const std::string& dir) {
       const Fields f{j, err.file};
       err.update = static_cast<int>(f.integer("update", 0));
       err.error = f.string("error");
+      if (j.contains("where")) err.where = f.string("where");
     } catch (const std::exception& x) {
       err.error = std::string("(its error file is unreadable: ") + x.what() + ")";
     }

@@ -59,9 +59,12 @@ struct ObservedJob {
   std::string model_class, factory, dtype;
   bool hf = false;
   std::string hf_loss_type;  ///< the HF model's loss_type ("" when none)
+  /// How observed_model.py rebuilds the model (its HF config, the job's pickled module); "" when
+  /// it does not, then rebuild_error says why (NOTE [the job's own module]).
+  std::string rebuild, rebuild_error;
   int vocab = 0, max_len = 0;
   std::vector<std::string> frozen;
-  std::string labels;  ///< "hf" | "shifted" | "" (no forward seen)
+  std::string labels;  ///< "hf" | "shifted" | "loss-call" | "" (no forward seen)
   std::vector<std::string> dropout;  ///< "module[.attribute] p=..." turned off
   std::string optimizer_class, optimizer_kind;  ///< kind "" : not one the reference steps
   bool sharded = false;
@@ -75,14 +78,16 @@ struct ObservedJob {
 struct ObservedError {
   int rank = 0, update = 0;
   std::string error, file;
+  std::string where;  ///< died: the innermost frame ("File ..., line N, in f")
 };
 
 /// Reads <dir>/observed.json; throws ArtifactError naming the file and field.
 ObservedJob read_observed_job(const std::string& dir, const std::string& nonce);
 /// Reads <dir>/observed.rank<rank>.u<update>.json; throws ArtifactError naming the file and field.
 ObservedUpdate read_observed_update(const std::string& dir, int rank, int update, const std::string& nonce);
-/// Every observed.rank<g>.error.json in `dir`, lowest rank first (unreadable ones say so).
-std::vector<ObservedError> read_observed_errors(const std::string& dir);
+/// Every observed.rank<g>.<kind>.json in `dir`, lowest rank first (unreadable ones say so): kind
+/// "error" (the integration stopped the job), "died" (the job's own uncaught exception on that rank).
+std::vector<ObservedError> read_observed_errors(const std::string& dir, const std::string& kind = "error");
 /// "observed.rank<rank>.u<update>.json".
 std::string observed_update_file(int rank, int update);
 

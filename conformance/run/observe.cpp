@@ -3,6 +3,7 @@
 
 #include "conformance/protocol/variables.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <stdexcept>
@@ -76,6 +77,19 @@ std::string rank_errors(const std::string& dir) {
   return out;
 }
 
+// "rank 1 died in update 0: RuntimeError: ... (File ..., line N, in f)": each rank's own uncaught
+// exception, which torchrun's summary does not quote; the rank that died in the earliest update
+// first (the others' errors are often its echo: "Connection closed by peer").
+std::string rank_deaths(const std::string& dir) {
+  std::string out;
+  auto deaths = read_observed_errors(dir, "died");  // the earliest update first: the cause, then its echoes
+  std::stable_sort(deaths.begin(), deaths.end(), [](const ObservedError& a, const ObservedError& b) { return a.update < b.update; });
+  for (const auto& e : deaths)
+    out += std::string(out.empty() ? "" : "\n") + "rank " + std::to_string(e.rank) + " died in update " +
+           std::to_string(e.update) + ": " + e.error + (e.where.empty() ? "" : " (" + e.where + ")");
+  return out;
+}
+
 // The params.* checks when the reference cannot step the job's optimizer: a skip naming it.
 void skip_params_checks(RunReport& report, const std::string& why) {
   for (auto& c : report.checks)
@@ -118,7 +132,9 @@ RunReport observe_job(const ObserveRequest& req) {
     r.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return std::move(r);
   };
-  const std::string failed = launched.ok ? "" : command_failure(launched.message, "the job", "the job's output", dir);
+  const std::string deaths = rank_deaths(dir);
+  const std::string failed =
+      launched.ok ? "" : (deaths.empty() ? "" : deaths + "\n") + command_failure(launched.message, "the job", "the job's output", dir);
   if (const std::string errors = rank_errors(dir); !errors.empty()) {
     report.error = "the gradcert integration stopped the job: " + errors + (failed.empty() ? "" : "\n" + failed);
     return finish(report);

@@ -268,12 +268,14 @@ ObservedRun plan_observed(const ObserveRequest& req, const ObservedJob& job, con
   spec.model.factory = req.model;
   std::string model_source = "--model " + req.model;
   if (spec.model.factory.empty() && !job.factory.empty()) spec.model.factory = job.factory, model_source = "gradcert.watch(factory=" + job.factory + ")";
-  if (spec.model.factory.empty() && job.hf)
-    spec.model.factory = fs::absolute(dir + "/observed_model.py").string() + ":build", model_source = "its saved Hugging Face config (" + job.model_class + ")";
+  if (spec.model.factory.empty() && !job.rebuild.empty())
+    spec.model.factory = fs::absolute(dir + "/observed_model.py").string() + ":build", model_source = job.rebuild;
   if (spec.model.factory.empty())
-    throw std::invalid_argument("gradcert cannot rebuild the job's model " + job.model_class +
-                                " for the reference: it is not a Hugging Face PreTrainedModel. Pass --model FILE.py:FUNC, or "
-                                "gradcert.watch(model, optimizer, factory=FUNC), FUNC(vocab_size, max_len) -> the model");
+    throw std::invalid_argument("gradcert cannot rebuild the job's model " + job.model_class + " for the reference" +
+                                (job.rebuild_error.empty() ? std::string(": it is not a Hugging Face PreTrainedModel")
+                                                           : ": pickling the job's module at watch() failed: " + job.rebuild_error) +
+                                ". Pass gradcert.watch(model, optimizer, factory=FUNC), FUNC(vocab_size, max_len) -> the "
+                                "model (or --model FILE.py:FUNC)");
   spec.dataset.size = static_cast<int>(std::max<int64_t>(job_dataset, static_cast<int64_t>(targets_of_id.size())));
   spec.batch.micro = micro;
   spec.batch.accum = A;

@@ -2,8 +2,9 @@
 
     python observe_faults.py FAULT RANK UPDATE -- ARGS...   (torchrun starts it per rank)
 
-FAULT: crash (os._exit(1) as the optimizer steps update UPDATE on rank RANK), hang (sleeps there
-for ever: a stopped rank), none. The example runs as __main__, as torchrun would run it.
+FAULT: crash (os._exit(1) as the optimizer steps update UPDATE on rank RANK), raise (an uncaught
+RuntimeError there, as a job that dies inside torch), hang (sleeps there for ever: a stopped
+rank), none. The example runs as __main__, as torchrun would run it.
 """
 
 import os
@@ -27,6 +28,8 @@ def step(self, *a, **k):
         if fault == "crash":
             print(f"observe_faults: rank {rank} crashes at update {update}", file=sys.stderr, flush=True)
             os._exit(1)
+        if fault == "raise":
+            raise RuntimeError(f"observe_faults: rank {rank} raises at update {update}")
         if fault == "hang":
             print(f"observe_faults: rank {rank} stops at update {update}", file=sys.stderr, flush=True)
             time.sleep(10_000)

@@ -15,7 +15,10 @@ Outside `gradcert observe` every integration does nothing, so it can stay in the
 built-in model the PyTorch adapters train.
 """
 
-from .observe import NoOp, ObserveError, observing, watch
+from .observe import NoOp, ObserveError, install_loss_wrapper, observing, watch
+
+if observing():  # before the job can import cross_entropy by name (NOTE [loss outside the model])
+    install_loss_wrapper()
 
 __version__ = "0.11.0"
 __all__ = ["watch", "observing", "NoOp", "ObserveError", "hf", "lightning"]

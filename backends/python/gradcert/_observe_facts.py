@@ -248,7 +248,15 @@ def _dropout_text(changed) -> str:
 
 
 def hf_saved_config(model: nn.Module):
-    """(config dict with dropout off, class path) of a Hugging Face PreTrainedModel, else None."""
+    """What rebuilds a Hugging Face PreTrainedModel (config with dropout off, class path), or a
+    PEFT model over one (the base's, plus every adapter's config: "peft"); else None."""
+    if _is_peft(model):
+        base = model.get_base_model()
+        saved = hf_saved_config(base)
+        if saved is None:
+            return None
+        saved["peft"] = peft_facts(model)
+        return saved
     cfg = getattr(model, "config", None)
     if cfg is None or not hasattr(cfg, "to_dict") or not hasattr(type(model), "_from_config"):
         return None
@@ -259,6 +267,41 @@ def hf_saved_config(model: nn.Module):
     impl = getattr(cfg, "_attn_implementation", None)
     return {"class": qualified(model), "config": d, "attn_implementation": impl,
             "loss_type": getattr(model, "loss_type", None)}
+
+
+def _is_peft(model) -> bool:
+    return type(model).__module__.startswith("peft.") and hasattr(model, "peft_config") and \
+        hasattr(model, "get_base_model")
+
+
+def _jsonable(o):
+    import enum
+
+    if isinstance(o, enum.Enum):  # PeftType.LORA, TaskType.CAUSAL_LM
+        return o.value
+    if isinstance(o, (set, frozenset)):  # target_modules
+        return sorted(_jsonable(x) for x in o)
+    if isinstance(o, dict):
+        return {str(k): _jsonable(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_jsonable(x) for x in o]
+    if o is None or isinstance(o, (bool, int, float, str)):
+        return o
+    raise ObserveError(f"gradcert.watch: the PEFT config holds {o!r}, which gradcert cannot save for the reference")
+
+
+def peft_facts(model) -> dict:
+    """A PeftModel's wrapper class, peft version and every adapter's config (dropout off)."""
+    import peft
+
+    adapters = {}
+    for name, pc in model.peft_config.items():
+        d = _jsonable(pc.to_dict())
+        if isinstance(d.get("lora_dropout"), float) and d["lora_dropout"] > 0:
+            d["lora_dropout"] = 0.0
+        adapters[name] = d
+    return {"wrapper": qualified(model), "version": peft.__version__, "adapters": adapters,
+            "active_adapter": model.active_adapter}
 
 
 OBSERVED_MODEL_PY = '''"""The observed job's model for gradcert's reference runner (written by gradcert.observe)."""

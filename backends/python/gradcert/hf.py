@@ -54,7 +54,8 @@ class Callback(TrainerCallback):
 
 def from_saved(path: str):
     """The model of observed.model.json: its class built from its config (no weights: the
-    reference loads initial.safetensors), dropout off, the job's attention kernel."""
+    reference loads initial.safetensors), dropout off, the job's attention kernel; a PEFT
+    model's adapters put back on it ("peft": the wrapper, every adapter's config)."""
     with open(path) as f:
         saved = json.load(f)
     module, _, name = saved["class"].rpartition(".")
@@ -66,5 +67,23 @@ def from_saved(path: str):
     model = cls._from_config(config, **kw)
     if saved.get("loss_type") is not None:
         model.loss_type = saved["loss_type"]
+    if saved.get("peft"):
+        model = _with_adapters(model, saved["peft"])
     observe.turn_off_dropout(model, keep=False)
+    return model
+
+
+def _with_adapters(base, facts: dict):
+    """get_peft_model on the rebuilt base with the job's adapter configs (active one first)."""
+    from peft import PeftConfig, get_peft_model
+
+    adapters = facts["adapters"]
+    active = facts["active_adapter"] if facts.get("active_adapter") in adapters else next(iter(adapters))
+    model = get_peft_model(base, PeftConfig.from_peft_type(**adapters[active]), adapter_name=active)
+    for name, d in adapters.items():
+        if name != active:
+            model.add_adapter(name, PeftConfig.from_peft_type(**d))
+    model.set_adapter(active)
+    if observe.qualified(model) != facts["wrapper"]:
+        raise RuntimeError(f"gradcert.hf: rebuilt {observe.qualified(model)}, the job trained {facts['wrapper']}")
     return model

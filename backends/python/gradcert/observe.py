@@ -40,6 +40,10 @@ from ._observe_facts import (  # noqa: F401  (re-exported: gradcert.observe.NAME
     DROPOUT_ATTRS, DROPOUT_TYPES, IGNORE, OBSERVED_MODEL_PY, ObserveError, _dropout_text, _is_dtensor, loader_facts, model_max_len,
     _local, _versions, example_key, example_rows, factory_string, hf_saved_config, qualified, shifted_targets,
     turn_off_dropout, unwrap_model, unwrap_optimizer)
+from . import _fsdp1, _job_module, _loss_targets
+from ._observe_hooks import (  # noqa: F401  (install_loss_wrapper: gradcert/__init__ installs it at import)
+    ORIGINAL_LOSSES, OBSERVERS, install_clip_wrapper, install_excepthook, install_loss_wrapper)
+from ._observe_facts import _importable_elsewhere
 from .ref import client
 
 ENV_DIR = "GRADCERT_OBSERVE_DIR"
@@ -95,17 +99,16 @@ class Observer:
         self.rank = self.dist.get_rank() if self.dist else int(os.environ.get("RANK", "0"))
         self.world = self.dist.get_world_size() if self.dist else int(os.environ.get("WORLD_SIZE", "1"))
         self.integration = integration
-        if labels not in (None, "hf", "shifted"):
+        if labels not in (None, "hf", "shifted", "loss-call"):
             raise ObserveError(f"gradcert.watch(labels={labels!r}): expected 'hf' (the model shifts, as Hugging Face "
-                               f"causal LMs) or 'shifted' (labels[t] is position t's target)")
+                               f"causal LMs), 'shifted' (labels[t] is position t's target) or 'loss-call' (the "
+                               f"targets of the job's own F.cross_entropy call on the logits)")
         self.labels = labels
         self.wrapped = model
         self.model = unwrap_model(model)
         self.optimizer = unwrap_optimizer(optimizer)
-        self.names = {}
-        for n, p in self.model.named_parameters():
-            self.names[id(p)] = n
-        self.params = dict(self.model.named_parameters())
+        self.fsdp1 = _fsdp1.fsdp1_root(model)  # NOTE [FSDP1 shards]
+        self.names, self.params = self._tensors()
         for g in self.optimizer.param_groups:
             for p in g["params"]:
                 if id(p) not in self.names:
@@ -139,16 +142,21 @@ class Observer:
         self._t0 = time.perf_counter()
         self._handles = []
         self._autocast = set()
+        self._waiting = []  # forwards without labels, waiting for the job's loss call
+        self._loss_calls_unmatched = []
         self._ended = False
         t = time.perf_counter()
         self._write_initial()
+        self._rebuild = self._save_model()
         self._write_job(status="watching")
         self._handles.append(self.model.register_forward_pre_hook(self._pre_forward, with_kwargs=True))
         self._handles.append(self.model.register_forward_hook(self._post_forward, with_kwargs=True))
         self._handles.append(self.optimizer.register_step_pre_hook(self._pre_step))
         self._handles.append(self.optimizer.register_step_post_hook(self._post_step))
-        _install_clip_wrapper()
-        _OBSERVERS.append(self)
+        install_clip_wrapper()
+        install_loss_wrapper()
+        install_excepthook()
+        OBSERVERS.append(self)
         self._excluded += time.perf_counter() - t
 
     def __bool__(self):
@@ -163,6 +171,22 @@ class Observer:
         return self
 
     # --- facts --------------------------------------------------------------------------
+    def _tensors(self):
+        """(id of each tensor the optimizer may hold -> the parameter names it holds, name -> the
+        parameter): the model's own, or under FSDP1 full copies gathered from every rank's shards
+        (its optimizer holds 1-D views or FlatParameters)."""
+        if self.fsdp1 is None:
+            named = dict(self.model.named_parameters())
+            return {id(p): [n] for n, p in named.items()}, named
+        from torch.distributed.fsdp._common_utils import clean_tensor_name
+
+        names = {id(fp): ns for fp, ns in _fsdp1.fsdp1_flat_param_names(self.fsdp1).items()}
+        for n, p in self.fsdp1.named_parameters():
+            names.setdefault(id(p), [clean_tensor_name(n)])
+        trains = {n: p.requires_grad for p in self.fsdp1.parameters() for n in names.get(id(p), [])}
+        full = _fsdp1.fsdp1_full_tensors(self.fsdp1, "param")
+        return names, {n: t.requires_grad_(trains.get(n, True)) for n, t in full.items()}
+
     def _dtype(self) -> str:
         kinds = {p.dtype for p in self.params.values() if p.requires_grad}
         names = {torch.float64: "float64", torch.float32: "float32", torch.bfloat16: "bfloat16"}
@@ -188,6 +212,8 @@ class Observer:
                  "parameters": len(self.params)}
         if self.hf is not None:
             model["hf"] = {k: v for k, v in self.hf.items() if k != "config"}
+        if self.rank == 0:
+            model["rebuild"] = self._rebuild
         opt = type(self.optimizer)
         defaults = {k: v for k, v in self.optimizer.defaults.items() if isinstance(v, (int, float, bool, str, tuple))}
         return {"schema": SCHEMA_JOB, "nonce": self.nonce, "world": self.world, "integration": self.integration,
@@ -198,13 +224,30 @@ class Observer:
                 "sharded": self.sharded, "autocast": sorted(self._autocast), "job": self.job,
                 "versions": _versions()}
 
+    def _save_model(self) -> dict:
+        """Rank 0: what the reference rebuilds the model from where no factory is given: the HF
+        config, else the job's own module (NOTE [the job's own module]). {"how": ...} or {"error": ...}."""
+        if self.rank != 0 or self.factory is not None:
+            return {}
+        if self.hf is not None:
+            client.write_json(os.path.join(self.out, "observed.model.json"), self.hf)
+            script, how = OBSERVED_MODEL_PY, f"its saved Hugging Face config ({self.hf['class']})"
+            if self.hf.get("peft"):
+                how += f" with the job's PEFT adapters ({self.hf['peft']['wrapper']}, peft {self.hf['peft']['version']})"
+        else:
+            try:
+                how = _job_module.save(self.model, self.out, self.params, _importable_elsewhere)
+            except Exception as e:  # whatever the job's module holds that will not pickle
+                return {"error": f"{type(e).__name__}: {e}"}
+            script = _job_module.OBSERVED_MODULE_PY
+        with open(os.path.join(self.out, "observed_model.py"), "w") as f:
+            f.write(script)
+        return {"how": how}
+
+
     def _write_job(self, status: str):
         if self.rank != 0:
             return
-        if self.hf is not None and not os.path.exists(os.path.join(self.out, "observed.model.json")):
-            client.write_json(os.path.join(self.out, "observed.model.json"), self.hf)
-            with open(os.path.join(self.out, "observed_model.py"), "w") as f:
-                f.write(OBSERVED_MODEL_PY)
         client.write_json(os.path.join(self.out, "observed.json"), self._job_record(status))
 
     # --- hooks --------------------------------------------------------------------------
@@ -218,22 +261,27 @@ class Observer:
             labels, convention = kwargs["targets"], self.labels or "shifted"
         if labels is None and len(args) > 1 and torch.is_tensor(args[1]):
             labels, convention = args[1], self.labels or "shifted"
-        if not torch.is_tensor(ids) or not torch.is_tensor(labels):
-            self.fail(f"a training forward of {qualified(module)} got no input_ids and labels tensors (got "
-                      f"{sorted(kwargs) or 'positional arguments only'}): pass labels to the model's forward "
-                      f"(labels=..., shifted inside as HF does; or targets=... / a second argument, already "
-                      f"shifted), or tell gradcert.watch(labels='hf' | 'shifted')")
-        targets = shifted_targets(labels, convention)
-        self.labels = convention
-        rows = example_rows(ids, targets, kwargs.get("attention_mask"), kwargs.get("position_ids"))
+        if not torch.is_tensor(ids):
+            self.fail(f"a training forward of {qualified(module)} got no input_ids tensor (got "
+                      f"{sorted(kwargs) or 'positional arguments only'}): gradcert observe certifies token models "
+                      f"whose forward takes input_ids first (or as input_ids=...)")
         n_items = kwargs.get("num_items_in_batch")
         if torch.is_tensor(n_items):
             n_items = int(n_items.detach().to("cpu").reshape(-1)[0])
         elif isinstance(n_items, (int, float)):
             n_items = int(round(n_items))
-        self._pending = (rows, targets)
-        self.micro.append({"examples": [{"key": example_key(tk, tg), "tokens": tk, "labels": tg} for tk, tg in rows],
-                           "num_items_in_batch": n_items})
+        if not torch.is_tensor(labels) or convention == "loss-call":
+            # The job's own loss call will say which positions are targets (NOTE [loss outside the model]).
+            w = _loss_targets.Waiting(ids.detach(), kwargs.get("attention_mask"), kwargs.get("position_ids"), n_items)
+            self._pending = w
+            self.micro.append(w)
+        else:
+            targets = shifted_targets(labels, convention)
+            self.labels = convention
+            rows = example_rows(ids, targets, kwargs.get("attention_mask"), kwargs.get("position_ids"))
+            self._pending = (rows, targets)
+            self.micro.append({"examples": [{"key": example_key(tk, tg), "tokens": tk, "labels": tg} for tk, tg in rows],
+                               "num_items_in_batch": n_items})
         self.max_len = max(self.max_len, int(ids.size(1)))
         for dev in ("cpu", "cuda"):
             try:
@@ -257,14 +305,65 @@ class Observer:
             self.fail(f"the forward of {qualified(module)} returned {type(output).__name__}; expected logits "
                       f"[batch, length, vocab] (a tensor, .logits, a dict's 'logits', or (loss, logits))")
         self.vocab = int(logits.size(-1))
+        if isinstance(pending, _loss_targets.Waiting):
+            pending.logits = _local(logits.detach())
+            self._waiting.append(pending)
+        else:
+            self.S += self._loss_sum(logits, pending[1])
+        self._excluded += time.perf_counter() - t
+        return None
+
+    @staticmethod
+    def _loss_sum(logits, targets) -> float:
+        """gradcert's loss sum S of the forward's logits at these targets (shifted, IGNORE elsewhere)."""
         with torch.no_grad():
             lg = _local(logits.detach())
             lg = lg.float() if lg.dtype in (torch.bfloat16, torch.float16) else lg
-            tg = pending[1].to(lg.device)
-            self.S += float(F.cross_entropy(lg.reshape(-1, lg.size(-1)), tg.reshape(-1), ignore_index=IGNORE,
-                                            reduction="sum").double())
+            tg = targets.to(lg.device)
+            cross_entropy = ORIGINAL_LOSSES.get("cross_entropy", F.cross_entropy)  # not the job's (wrapped) one
+            return float(cross_entropy(lg.reshape(-1, lg.size(-1)), tg.reshape(-1), ignore_index=IGNORE,
+                                       reduction="sum").double())
+
+    def saw_loss(self, kind: str, inp, target, options: dict):
+        """From the wrapped F.cross_entropy / F.nll_loss while a forward waits for its targets."""
+        if self._ended or not self._waiting:
+            return
+        t = time.perf_counter()
+        call = _loss_targets.call_text(kind, options)
+        try:
+            w = _loss_targets.assign(self._waiting, inp, target, ignore_index=int(options.get("ignore_index", IGNORE)),
+                                     kind=kind, call=call)
+        except LookupError as e:
+            self.fail(f"the job's loss call {e}")
+        if w is None:
+            self._loss_calls_unmatched.append(call)
+        else:
+            refused = _loss_targets.refuse_options(kind, options)
+            if refused:
+                self.fail(refused)
         self._excluded += time.perf_counter() - t
-        return None
+
+    def _resolve_waiting(self):
+        """The forwards whose targets came from the job's loss calls, as gradcert's examples."""
+        for i, w in enumerate(self.micro):
+            if not isinstance(w, _loss_targets.Waiting):
+                continue
+            if w.logits is None or not w.resolved():
+                seen = sorted(set(self._loss_calls_unmatched))
+                self.fail(f"a training forward of {qualified(self.model)} got no labels, and no loss call on its logits "
+                          f"was seen before the optimizer step (loss calls on other tensors: {', '.join(seen) or 'none'}). "
+                          f"gradcert learns the targets from torch.nn.functional.cross_entropy / nll_loss (or "
+                          f"nn.CrossEntropyLoss / nn.NLLLoss) called on the model's logits (sliced, reshaped or upcast); "
+                          f"a job that computes its loss another way passes labels= to the model's forward, or "
+                          f"imports gradcert before it imports cross_entropy by name")
+            B, T = w.logits.size(0), w.logits.size(1)
+            targets = w.targets.view(B, T)
+            rows = example_rows(w.ids, targets, w.attention_mask, w.position_ids)
+            self.S += self._loss_sum(w.logits, targets)
+            self.micro[i] = {"examples": [{"key": example_key(tk, tg), "tokens": tk, "labels": tg} for tk, tg in rows],
+                             "num_items_in_batch": w.n_items, "loss_calls": w.calls}
+            self.labels = "loss-call"
+        self._waiting, self._loss_calls_unmatched = [], []
 
     def saw_clip(self, parameters, max_norm, total_norm):
         """From the wrapped clip_grad_norm_: the gradient before clipping (first call of a window)."""
@@ -278,7 +377,16 @@ class Observer:
     def owns_any(self, parameters) -> bool:
         return any(id(p) in self.names for p in parameters)
 
+    def _current_params(self) -> dict:
+        """The parameters as they stand (a collective under FSDP1: every rank is here)."""
+        if self.fsdp1 is not None:
+            return _fsdp1.fsdp1_full_tensors(self.fsdp1, "param")
+        return {n: p.detach() for n, p in self.params.items()}
+
     def _read_grads(self) -> dict:
+        if self.fsdp1 is not None:
+            grads = _fsdp1.fsdp1_full_tensors(self.fsdp1, "grad")
+            return {n: grads.get(n) if grads.get(n) is not None else torch.zeros_like(p) for n, p in self.params.items()}
         out = {}
         for n, p in self.params.items():
             g = p.grad
@@ -305,7 +413,7 @@ class Observer:
             h = {k: (float(v.item()) if torch.is_tensor(v) else v) for k, v in h.items()}
             if torch.is_tensor(g.get("lr")):
                 h["lr"] = float(g["lr"].item())
-            h["params"] = [self.names[id(p)] for p in g["params"]]
+            h["params"] = [n for p in g["params"] for n in self.names[id(p)]]
             groups.append(h)
         self._groups = groups
         self._excluded += time.perf_counter() - t
@@ -323,12 +431,13 @@ class Observer:
                       "stepped with was not seen: call the observer's capture_grads() after the closure's backward "
                       "(gradcert.lightning.Callback does this for Lightning)")
         self._pre_clip = None
+        self._resolve_waiting()
         if not self.micro:
             self.fail(f"update {self.update}: the optimizer stepped without a training forward of the watched "
                       f"model since the last step (is {qualified(self.model)} the model the job trains?)")
         u = self.update
         step_seconds = max(0.0, t - self._t0 - self._excluded)
-        params = {n: p.detach() for n, p in self.params.items()}
+        params = self._current_params()
         dtype = client.DTYPES[self.dtype]
         if self.sharded:
             files = {}
@@ -345,7 +454,7 @@ class Observer:
         rec = {"schema": SCHEMA_RANK, "rank": self.rank, "world": self.world, "nonce": self.nonce, "update": u,
                "microsteps": self.micro, "loss_sum": self.S, "step_seconds": step_seconds, "clip": self.clip,
                "grads": files["grads"], "params": files["params"]}
-        if not self.sharded and self.world > 1:
+        if not self.sharded and self.fsdp1 is None and self.world > 1:
             rec["replicas"] = client.replica_digests(params.items())
         if self.rank == 0:
             rec["groups"] = self._groups
@@ -391,52 +500,13 @@ class Observer:
         self._handles = []
 
 
-# --------------------------------------------------------------------------------------
-# clip_grad_norm_: the gradient before clipping
-# --------------------------------------------------------------------------------------
-
-_OBSERVERS: list = []
-_ORIGINAL_CLIP = None
-
-
-def _install_clip_wrapper():
-    """Wraps torch.nn.utils.clip_grad_norm_ (both names a framework calls it by) so that the
-    recorded gradient is the one before clipping; the max norm is recorded too. A job that
-    imported the function itself before watch() (`from torch.nn.utils import clip_grad_norm_`)
-    calls the original: its gradient is then recorded after clipping (observed.json says
-    whether a clip was seen)."""
-    global _ORIGINAL_CLIP
-    if _ORIGINAL_CLIP is not None:
-        return
-    import torch.nn.utils as U
-    import torch.nn.utils.clip_grad as C
-
-    original = U.clip_grad_norm_
-    _ORIGINAL_CLIP = original
-
-    def clip_grad_norm_(parameters, max_norm, *args, **kwargs):
-        params = [parameters] if torch.is_tensor(parameters) else list(parameters)
-        owners = [o for o in _OBSERVERS if o.owns_any(params)]
-        for o in owners:
-            if o._pre_clip is None and not o._ended:
-                o._pre_clip = o._read_grads()
-        total = original(params, max_norm, *args, **kwargs)
-        for o in owners:
-            o.saw_clip(params, max_norm, _local(total).item() if torch.is_tensor(total) else total)
-        return total
-
-    clip_grad_norm_.__wrapped__ = original
-    clip_grad_norm_.__doc__ = original.__doc__
-    U.clip_grad_norm_ = clip_grad_norm_
-    C.clip_grad_norm_ = clip_grad_norm_
-
-
 def watch(model: nn.Module, optimizer, *, factory=None, labels: str | None = None, integration: str = "watch",
           job: dict | None = None, max_len: int | None = None, loader=None, accum: int | None = None):
     """Records the job for `gradcert observe`; a no-op handle outside it (leave it in).
 
     model: the job's model as it trains it (DDP / FSDP / DeepSpeed engine / compiled: unwrapped
-      here); its forward must receive `input_ids` and `labels` (or `targets`).
+      here); its forward receives `input_ids` and `labels` (or `targets`), or the job computes
+      its loss with F.cross_entropy / F.nll_loss on the model's logits (NOTE [loss outside the model]).
     optimizer: the optimizer the job steps (accelerate's, Lightning's and DeepSpeed's wrappers
       are unwrapped to the torch.optim.Optimizer inside).
     factory: how gradcert's reference rebuilds the model, for a model that is not a Hugging Face

@@ -1,0 +1,128 @@
+// `gradcert observe` on the job shapes people write beyond the first examples (issue: observe the
+// jobs people actually run): a plain loop that computes its loss outside the model with nothing but
+// `gradcert.watch(model, optimizer)` (examples/observe/loss_outside.py), a PEFT LoRA fine-tune under
+// the HF Trainer (examples/observe/hf_peft.py); and a job that dies, quoted by its own exception.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <sstream>
+
+#include "conformance/tests/support.hpp"
+
+using namespace gradcert;
+
+namespace {
+
+const std::string kRepo = GRADCERT_SOURCE_DIR;
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// `gradcert observe --updates K` on examples/observe/EXAMPLE under torchrun (2 ranks).
+test::CliResult observe(const std::string& out, int updates, const std::string& example, const std::string& job_args) {
+  return test::run_cli("observe --out " + out + " --updates " + std::to_string(updates) + " -- " + kRepo +
+                       "/.venv/bin/torchrun --standalone --nproc_per_node 2 " + example + " " + job_args);
+}
+
+nlohmann::json run_of(const std::string& out) { return nlohmann::json::parse(slurp(out + "/report.json"))["runs"][0]; }
+
+const nlohmann::json& check_of(const nlohmann::json& run, const std::string& id) {
+  static const nlohmann::json absent = {{"verdict", "absent"}, {"figure", -1}};
+  for (const auto& c : run["checks"])
+    if (c["id"] == id) return c;
+  return absent;
+}
+
+const std::string kLossOutside = kRepo + "/examples/observe/loss_outside.py";
+
+}  // namespace
+
+// The loop as most people write it: logits = model(ids), then F.cross_entropy on the shifted slice.
+// gradcert learns the targets from that call and rebuilds the script's own module (no factory):
+// float64, every check passes at <= 1e-10.
+TEST(ConformanceObserveJobs, LossOutsideTheModelPassesWithOnlyWatch) {
+  const std::string out = test::fresh_dir("gradcert_observe_jobs", "outside-pass");
+  const auto r = observe(out, 3, kLossOutside, "--loss global-mean --style slice");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto run = run_of(out);
+  EXPECT_EQ(run["verdict"], "pass") << r.out;
+  for (const char* id : {"grad.parity", "params.parity", "batch.update_size", "batch.sample_ledger", "ranks.local_sums"})
+    EXPECT_EQ(check_of(run, id)["verdict"], "pass") << id << "\n" << r.out;
+  EXPECT_LE(check_of(run, "grad.parity")["figure"].get<double>(), 1e-10) << r.out;
+  EXPECT_NE(r.out.find("the job's own module CausalLM (from its script)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("labels loss-call"), std::string::npos) << r.out;
+}
+
+// The other ways the call is written: nn.CrossEntropyLoss on [B, V, T] of .float() logits (a float32
+// job: at float64 that call would round the loss to float32), and log_softmax + F.nll_loss; each
+// with its planted normalisation bug failing and named.
+TEST(ConformanceObserveJobs, LossOutsideTheModelBugsAreNamedWhicheverWayTheCallIsWritten) {
+  for (const auto& [style, bug] : {std::pair<std::string, std::string>{"slice", "micro-mean"},
+                                   {"module", "local-mean"}, {"nll", "micro-mean"}}) {
+    const std::string out = test::fresh_dir("gradcert_observe_jobs", "outside-" + style + "-" + bug);
+    const std::string dtype = style == "module" ? " --dtype float32" : "";
+    const auto r = observe(out, 2, kLossOutside, "--loss " + bug + " --style " + style + dtype);
+    EXPECT_EQ(r.code, 1) << style << " " << bug << "\n" << r.out;
+    EXPECT_EQ(check_of(run_of(out), "grad.parity")["verdict"], "fail") << style << "\n" << r.out;
+    EXPECT_NE(r.out.find("matches " + bug), std::string::npos) << style << " " << bug << "\n" << r.out;
+  }
+  const std::string out = test::fresh_dir("gradcert_observe_jobs", "outside-nll-pass");
+  const auto r = observe(out, 2, kLossOutside, "--loss global-mean --style nll");
+  EXPECT_EQ(r.code, 0) << r.out;
+}
+
+// HF Trainer + PEFT LoRA (r=4 on q/v): the reference rebuilds the Llama from its config and puts the
+// same adapters on it; the frozen base is held unchanged, only the adapters train. Float32: held to
+// float32's calibrated tolerance. average_tokens_across_devices=False is named local-mean.
+TEST(ConformanceObserveJobs, HfTrainerWithPeftLoraPassesAndLocalMeanIsNamed) {
+  const std::string example = kRepo + "/examples/observe/hf_peft.py";
+  const std::string out = test::fresh_dir("gradcert_observe_jobs", "peft-pass");
+  const auto r = observe(out, 3, example, "");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto run = run_of(out);
+  EXPECT_EQ(run["verdict"], "pass") << r.out;
+  EXPECT_EQ(check_of(run, "params.parity")["verdict"], "pass") << r.out;
+  EXPECT_NE(r.out.find("PEFT adapters (peft.peft_model.PeftModelForCausalLM"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("21 frozen tensors held unchanged"), std::string::npos) << r.out;
+  const std::string bad = test::fresh_dir("gradcert_observe_jobs", "peft-local");
+  const auto b = observe(bad, 2, example, "--average-tokens false");
+  EXPECT_EQ(b.code, 1) << b.out;
+  EXPECT_NE(b.out.find("matches local-mean"), std::string::npos) << b.out;
+}
+
+// A rank that dies of its own exception: the error quotes that rank's exception line and the job's
+// frame, not only the launcher's summary.
+TEST(ConformanceObserveJobs, JobThatDiesIsReportedWithItsOwnException) {
+  const std::string out = test::fresh_dir("gradcert_observe_jobs", "raise");
+  const auto r = observe(out, 3, kRepo + "/conformance/tests/observe_faults.py", "raise 1 1 -- --loss global-mean");
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.code, 1) << "a job that dies is an error, not a failed check\n" << r.out;
+  EXPECT_NE(r.out.find("): rank 1 died in update 1: RuntimeError: observe_faults: rank 1 raises at update 1"),
+            std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("observe_faults.py, line"), std::string::npos) << r.out;
+}
+
+// FSDP1 (the "before" side of the FSDP1 -> FSDP2 migration), each block its own unit, with
+// use_orig_params=True and False (flat parameters): each unit's shards gathered under the model's own
+// names, so the job is certified like any other; its micro-mean loss is named.
+TEST(ConformanceObserveJobs, Fsdp1JobsPassInEitherParameterModeAndTheirMicroMeanIsNamed) {
+  const std::string example = kRepo + "/examples/observe/fsdp1_loop.py";
+  for (const std::string mode : {"true", "false"}) {
+    const std::string out = test::fresh_dir("gradcert_observe_jobs", "fsdp1-" + mode);
+    const auto r = observe(out, 2, example, "--orig-params " + mode);
+    ASSERT_EQ(r.code, 0) << mode << "\n" << r.out;
+    const auto run = run_of(out);
+    EXPECT_EQ(run["verdict"], "pass") << mode << "\n" << r.out;
+    EXPECT_LE(check_of(run, "grad.parity")["figure"].get<double>(), 1e-10) << mode << "\n" << r.out;
+    EXPECT_EQ(check_of(run, "params.parity")["verdict"], "pass") << mode << "\n" << r.out;
+  }
+  const std::string out = test::fresh_dir("gradcert_observe_jobs", "fsdp1-micro");
+  const auto r = observe(out, 2, example, "--orig-params false --loss micro-mean");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("matches micro-mean"), std::string::npos) << r.out;
+}

@@ -110,7 +110,7 @@ std::string report_table(const Report& r) {
     }
   }
   for (const auto& run : r.runs)
-    if (run.diagnosis.ran) o << "# diagnosis (" << run_label(run) << "): " << run.diagnosis.note << "\n";
+    if (const auto d = diagnosis_text(run); !d.empty()) o << "# " << d << "\n";
   for (const auto& run : r.runs)  // NOTE [sensitivity]
     if (const auto s = sensitivity_text(run); !s.empty()) o << "# " << s << "\n";
   if (any_mutant(r)) {

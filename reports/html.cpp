@@ -366,7 +366,14 @@ std::string report_html(const Report& r) {
   const std::string title = single ? "gradcert run: " + run_label(r.runs[0])
                                    : "gradcert certify: " + std::to_string(r.runs.size()) + " runs";
   std::ostringstream body;
-  body << banner(cls, title, sentence, facts, commands, note)
+  // Beside the verdict: what each failing (or observed) run computed instead, and what a pass cannot see.
+  std::vector<std::string> findings;
+  for (const auto& run : r.runs)
+    if ((single || (!run.passed() && run.inject.empty())) && findings.size() < 8)
+      for (const auto& s : {diagnosis_headline(run).empty() ? std::string() : run_label(run) + ": " + diagnosis_headline(run),
+                            diagnosis_text(run), single ? sensitivity_text(run) : std::string()})
+        if (!s.empty()) findings.push_back(s);
+  body << banner(cls, title, sentence, facts, commands, note, findings)
        << "<nav><a href=\"#checks\">checks</a><a href=\"#tensors\">per tensor</a><a href=\"#mutants\">planted "
           "bugs</a><a href=\"#memory\">memory</a><a href=\"#throughput\">throughput</a><a href=\"#spec\">spec</a>"
           "</nav>\n"

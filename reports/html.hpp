@@ -14,8 +14,6 @@ namespace gradcert::reports::html {
 
 /// Text escaped for HTML content and attributes.
 std::string esc(const std::string& s);
-/// A shell word: as is when safe, else in single quotes.
-std::string shell_word(const std::string& s);
 
 /// The whole page: one file, inline CSS (light and dark: prefers-color-scheme; print), a
 /// Content-Security-Policy that allows no request at all, and one inline script that opens
@@ -26,11 +24,12 @@ std::string section(const std::string& id, const std::string& title, const std::
 /// <span class="badge CLS">TEXT</span>
 std::string badge(const std::string& cls, const std::string& text);
 
-/// The verdict banner: `cls` is "pass" | "fail" | "interrupted"; `facts` are list items; the
-/// commands reproduce the run.
+/// The verdict banner: `cls` is "pass" | "fail" | "interrupted"; `findings` (the diagnosis, the
+/// sensitivity) under the verdict; `facts` are list items; the commands reproduce the run.
 std::string banner(const std::string& cls, const std::string& title, const std::string& sentence,
                    const std::vector<std::string>& facts, const std::vector<std::string>& commands,
-                   const std::string& command_note);
+                   const std::string& command_note,
+                   const std::vector<std::string>& findings = {});
 /// The environment as banner facts (torch, device, world, launcher, git, seed, host, started).
 std::vector<std::string> environment_facts(const Environment& e, bool with_world = true);
 /// The spec (pretty JSON) in a closed <details>, or nothing for an empty spec.

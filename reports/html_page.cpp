@@ -39,6 +39,7 @@ nav{font-size:13px;margin:4px 0 0}nav a{margin-right:14px}
 .banner.pass{--c:var(--pass);--cbg:var(--passbg)}.banner.fail{--c:var(--fail);--cbg:var(--failbg)}.banner.interrupted{--c:var(--warn);--cbg:var(--warnbg)}
 .verdict{font-size:28px;font-weight:800;letter-spacing:.05em;color:var(--c);margin-right:12px}.sentence{font-size:15px;font-weight:600}
 .banner pre{background:var(--bg)}
+.findings{margin:6px 0;padding-left:18px;font-size:14px}.findings li{margin:2px 0}
 .facts{display:flex;flex-wrap:wrap;gap:2px 18px;margin:8px 0;padding:0;list-style:none;color:var(--muted);font-size:13px}.facts b{color:var(--fg);font-weight:600}
 table{border-collapse:collapse;width:100%;margin:6px 0;font-size:13px}th,td{text-align:left;padding:3px 8px;border-bottom:1px solid var(--line);vertical-align:middle}
 th{font-weight:600;background:var(--panel)}td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
@@ -151,16 +152,6 @@ std::string num(double x) { return figure_text(x); }
 
 std::string esc(const std::string& s) { return xml_escape(s); }
 
-std::string shell_word(const std::string& s) {
-  const bool safe = !s.empty() && std::all_of(s.begin(), s.end(), [](unsigned char c) {
-    return std::isalnum(c) || std::string("-_./=:+,@%").find(static_cast<char>(c)) != std::string::npos;
-  });
-  if (safe) return s;
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
 std::string page(const std::string& title, const std::string& body) {
   std::ostringstream o;
   o << "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
@@ -193,13 +184,19 @@ std::string badge(const std::string& cls, const std::string& text) {
 
 std::string banner(const std::string& cls, const std::string& title, const std::string& sentence,
                    const std::vector<std::string>& facts, const std::vector<std::string>& commands,
-                   const std::string& command_note) {
+                   const std::string& command_note, const std::vector<std::string>& findings) {
   static const std::map<std::string, std::string> word = {{"pass", "PASS"}, {"fail", "FAIL"},
                                                           {"interrupted", "INTERRUPTED"}};
   std::ostringstream o;
   o << "<header id=\"verdict\" class=\"banner " << cls << "\" data-verdict=\"" << cls << "\">\n<h1>" << esc(title)
     << "</h1>\n<div><span class=\"verdict\">" << word.at(cls) << "</span><span class=\"sentence\">" << esc(sentence)
-    << "</span></div>\n<ul class=\"facts\" id=\"environment\">";
+    << "</span></div>\n";
+  if (!findings.empty()) {
+    o << "<ul class=\"findings\" id=\"findings\">";
+    for (const auto& f : findings) o << "<li>" << esc(f) << "</li>";
+    o << "</ul>\n";
+  }
+  o << "<ul class=\"facts\" id=\"environment\">";
   for (const auto& f : facts) o << "<li>" << f << "</li>";
   o << "</ul>\n<div class=\"reproduce\"><b>Reproduce</b> <span class=\"note\">" << esc(command_note) << "</span>\n";
   for (const auto& c : commands) o << "<pre><code>" << esc(c) << "</code></pre>\n";
@@ -226,6 +223,7 @@ std::string spec_block(const std::string& spec_json) {
 }
 
 std::string run_command(const RunReport& r, const std::string& launcher) {
+  if (!r.reproduce.empty()) return r.reproduce;
   std::string c = "gradcert run";
   if (!r.run_dir.empty()) c += " --spec " + shell_word(r.run_dir + "/spec.json");
   c += " --backend " + shell_word(r.backend) + " --world " + std::to_string(r.topology.world());

@@ -99,8 +99,13 @@ void add_run(Suite& suite, const std::string& classname, const RunReport& run, b
     TestCase& t = suite.add(classname, c.id);
     if (c.verdict == Verdict::Fail && !failing_is_expected) {
       t.outcome = TestCase::Outcome::Failure;
-      t.message = "figure " + figure_text(c.figure) + " vs tolerance " + tolerance_text(c);
+      // What the stack computed instead, in the message GPU CI dashboards show.
+      const std::string headline = diagnosis_headline(run);
+      t.message = "figure " + figure_text(c.figure) + " vs tolerance " + tolerance_text(c) +
+                  (headline.empty() ? "" : "; " + headline);
       t.body = c.detail;
+      for (const auto& s : {diagnosis_text(run), sensitivity_text(run)})
+        if (!s.empty()) t.body += "\n" + s;
     } else if (c.verdict == Verdict::Skip) {
       t.outcome = TestCase::Outcome::Skipped;
       t.message = c.detail;

@@ -116,9 +116,10 @@ std::string report_markdown(const Report& r) {
       o << "| " << run_label(run) << " | " << c.id << " | " << figure_text(c.figure) << " | " << tolerance_text(c) << " | "
         << verdict_cell(run, c) << " | " << c.detail << " |\n";
   }
-  bool said = false;  // NOTE [sensitivity]
+  bool said = false;  // the diagnosis (what the stack computed instead), then NOTE [sensitivity]
   for (const auto& run : r.runs)
-    if (const auto s = sensitivity_text(run); !s.empty()) o << (said ? "" : "\n") << "- " << s << "\n", said = true;
+    for (const auto& s : {diagnosis_text(run), sensitivity_text(run)})
+      if (!s.empty()) o << (said ? "" : "\n") << "- " << s << "\n", said = true;
   if (any_mutant(r)) {
     o << "\n## Mutant detection\n\n| mutant | backend | detected | by |\n|---|---|---|---|\n";
     for (const auto& run : r.runs) {

@@ -88,6 +88,19 @@ std::string sensitivity_text(const RunReport& r) {
   return s;
 }
 
+std::string diagnosis_text(const RunReport& r) {
+  return r.diagnosis.ran ? "diagnosis (" + run_label(r) + "): " + r.diagnosis.note : "";
+}
+
+std::string diagnosis_headline(const RunReport& r) {
+  const Diagnosis& d = r.diagnosis;
+  if (!d.ran || d.best.id.empty()) return "";
+  const std::string what = d.best.id + " (" + d.best.description + ") at " + figure_text(d.best.figure);
+  if (d.matched) return "the gradient matches " + what;
+  if (d.separated) return "the gradient matches, beyond its own rounding, " + what;
+  return "the gradient matches no known objective (closest: " + what + ")";
+}
+
 std::string run_verdict(const RunReport& r) { return !r.error.empty() ? "error" : r.passed() ? "pass" : "fail"; }
 
 const CheckResult* find_check(const RunReport& r, const std::string& id) {

@@ -35,6 +35,12 @@ std::string verdict_cell(const RunReport& r, const CheckResult& c);
 /// the run's measured noise floor), and grad.parity's rel L2 tolerance. "" for a run without a
 /// judged grad.scale (an error, a mutant run).
 std::string sensitivity_text(const RunReport& r);
+/// "diagnosis (run): ..." when the diagnosis ran: what the stack computed instead, its figure and
+/// the runner-up (an observed run's note begins with the job's facts); "" otherwise.
+std::string diagnosis_text(const RunReport& r);
+/// One line for a failing check's message: "the gradient matches unshifted-count (...) at 1.6e-07";
+/// "" when no diagnosis ran.
+std::string diagnosis_headline(const RunReport& r);
 /// Whether the report holds a mutant run (inject set).
 bool any_mutant(const Report& r);
 /// The ids of the checks that caught a mutant, joined by `separator`.

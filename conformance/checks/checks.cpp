@@ -18,13 +18,6 @@ namespace {
 
 std::string num(double x) { return g3_text(x); }
 
-std::string ids_text(const std::vector<int64_t>& ids, size_t limit = 8) {
-  std::ostringstream o;
-  for (size_t i = 0; i < ids.size() && i < limit; ++i) o << (i ? "," : "") << ids[i];
-  if (ids.size() > limit) o << ",... (" << ids.size() << ")";
-  return o.str();
-}
-
 CheckResult exact(const std::string& id, double worst, const std::string& detail) {
   return {id, worst == 0 ? Verdict::Pass : Verdict::Fail, worst, 0, detail};
 }
@@ -160,53 +153,6 @@ CheckResult check_update_size(const Plan& plan, const std::vector<BackendUpdate>
              std::to_string(plan.dp) + " = " + std::to_string(plan.update_batch) + " observed" +
              (plan.tp * plan.pp > 1 ? " (TP x PP = " + std::to_string(plan.tp * plan.pp) + " not counted)" : "");
   return exact(id, worst, detail);
-}
-
-CheckResult check_sample_ledger(const Plan& plan, int64_t dataset_size, const std::vector<BackendUpdate>& run) {
-  const std::string id = "batch.sample_ledger";
-  std::map<int, std::map<int64_t, int>> seen;  // epoch -> id -> count
-  std::vector<std::string> problems;
-  int64_t wrong = 0;
-  for (size_t u = 0; u < run.size() && u < plan.windows.size(); ++u) {
-    const int epoch = plan.windows[u].epoch;
-    std::map<int, std::vector<int64_t>> by_replica;
-    for (const auto& r : run[u].ranks) {
-      std::vector<int64_t> flat;
-      for (const auto& mb : r.consumed) flat.insert(flat.end(), mb.begin(), mb.end());
-      auto [it, fresh] = by_replica.emplace(r.dp_rank, flat);
-      if (!fresh && it->second != flat) {
-        ++wrong;
-        problems.push_back("update " + std::to_string(u) + ": rank " + std::to_string(r.rank) +
-                           " saw other examples than its replica peers");
-      }
-    }
-    for (const auto& [dp, flat] : by_replica)
-      for (auto sid : flat) {
-        if (sid < 0 || sid >= dataset_size) {
-          ++wrong;
-          problems.push_back("update " + std::to_string(u) + ": id " + std::to_string(sid) + " outside the dataset");
-          continue;
-        }
-        seen[epoch][sid]++;
-      }
-  }
-  const int complete_epochs = static_cast<int>(run.size()) / std::max(1, plan.windows_per_epoch);
-  for (const auto& [epoch, counts] : seen) {
-    std::vector<int64_t> dup, missing;
-    for (const auto& [sid, n] : counts)
-      if (n > 1) dup.push_back(sid), wrong += n - 1;
-    if (epoch < complete_epochs)
-      for (int64_t sid = 0; sid < dataset_size; ++sid)
-        if (!counts.count(sid)) missing.push_back(sid), ++wrong;
-    if (!dup.empty()) problems.push_back("epoch " + std::to_string(epoch) + ": ids " + ids_text(dup) + " consumed more than once");
-    if (!missing.empty()) problems.push_back("epoch " + std::to_string(epoch) + ": ids " + ids_text(missing) + " never consumed");
-  }
-  std::string detail;
-  for (size_t i = 0; i < problems.size(); ++i) detail += (i ? "; " : "") + problems[i];
-  if (detail.empty())
-    detail = "each of " + std::to_string(dataset_size) + " examples once per epoch (" + std::to_string(complete_epochs) +
-             " complete)";
-  return exact(id, static_cast<double>(wrong), detail);
 }
 
 CheckResult check_window_count(const std::vector<ReferenceUpdate>& ref, const std::vector<BackendUpdate>& run) {

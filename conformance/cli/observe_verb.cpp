@@ -42,6 +42,7 @@ Verb add_observe_verb(CLI::App& app, CommonOptions& o) {
             if (!req.model.empty()) req.model = absolute_factory(req.model);
             const std::string dir = report_dir(o);
             req.run_dir = dir + "/runs/observed";
+            req.out_dir = dir;
             Report report;
             report.runs.push_back(observe_job(req));
             const RunReport& run = report.runs.back();

@@ -1,5 +1,7 @@
 #include "conformance/core/format.hpp"
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -79,4 +81,14 @@ std::string sci(double x) {
   while (exp.size() > 1 && exp[0] == '0') exp.erase(0, 1);
   return mant + "e" + (neg ? "-" : "") + exp;
 }
+std::string shell_word(const std::string& s) {
+  const bool safe = !s.empty() && std::all_of(s.begin(), s.end(), [](unsigned char c) {
+    return std::isalnum(c) || std::string("-_./=:+,@%").find(static_cast<char>(c)) != std::string::npos;
+  });
+  if (safe) return s;
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
 }  // namespace gradcert

@@ -12,6 +12,8 @@ std::string figure_text(double x);
 std::string g3_text(double x);
 /// A double for JSON: non-finite values become the strings "nan", "inf", "-inf".
 nlohmann::json json_number(double x);
+/// A word as a POSIX shell reads it back: as it is when safe, else in single quotes.
+std::string shell_word(const std::string& s);
 /// Text escaped for XML attributes and content (control characters become spaces).
 std::string xml_escape(const std::string& s);
 /// A number with every significant digit a double holds (%.15g): recipes, formulas.

@@ -100,6 +100,9 @@ struct RunReport {
   std::string error;      ///< set when the run itself failed (names the rank)
   int interrupted = 0;    ///< SIGINT / SIGTERM stopped this run (NOTE [interrupt] in the launcher); 0 otherwise
   std::string run_dir;
+  /// The command that reruns this run where it is not `gradcert run ...` (an observed job:
+  /// `gradcert observe ... -- CMD`); "" otherwise.
+  std::string reproduce;
   /// `gradcert check`: the run folder whose artifacts were checked again (no rank launched); "" for a run.
   std::string checked_from;
   double wall_seconds = 0;

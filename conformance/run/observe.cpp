@@ -103,6 +103,19 @@ void skip_params_checks(RunReport& report, const std::string& why) {
 
 }  // namespace
 
+// `gradcert observe ... -- CMD`: what reruns this observed run (the report's Reproduce line).
+std::string observe_command(const ObserveRequest& req) {
+  std::string c = "gradcert observe --out " + shell_word(req.out_dir.empty() ? req.run_dir : req.out_dir) +
+                  " --updates " + std::to_string(req.updates);
+  if (req.expect_batch > 0) c += " --expect-batch " + std::to_string(req.expect_batch);
+  if (!req.model.empty()) c += " --model " + shell_word(req.model);
+  if (req.keep_dropout) c += " --keep-dropout";
+  if (req.device != "cpu") c += " --device " + shell_word(req.device);
+  c += " --";
+  for (const auto& a : req.argv) c += " " + shell_word(a);
+  return c;
+}
+
 RunReport observe_job(const ObserveRequest& req) {
   if (req.argv.empty()) throw std::invalid_argument("gradcert observe: no command after `--` (e.g. -- torchrun ... train.py)");
   if (req.updates < 1) throw std::invalid_argument("--updates: must be >= 1, got " + std::to_string(req.updates));
@@ -128,7 +141,9 @@ RunReport observe_job(const ObserveRequest& req) {
   launch_req.log_dir = dir;
   const LaunchResult launched = launch(launch_req);
   report.interrupted = launched.interrupted;
+  report.reproduce = observe_command(req);
   auto finish = [&](RunReport& r) -> RunReport {
+    r.reproduce = report.reproduce;
     r.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return std::move(r);
   };

@@ -19,6 +19,7 @@ struct ObserveRequest {
   std::string model;              ///< FILE.py:FUNC or module:FUNC the reference rebuilds the model with ("" : the job's)
   bool keep_dropout = false;      ///< refuse a model with dropout instead of turning it off
   std::string run_dir;            ///< created; receives the job's records, the run folder's files, the job's log
+  std::string out_dir;            ///< the report folder (--out) the Reproduce line names ("" : run_dir)
   double timeout_s = 1800;        ///< the whole job, launch to its K-th update
   std::string device = "cpu";     ///< resolved --device: the job's parameters must be there (GRADCERT_DEVICE)
 };

@@ -152,6 +152,19 @@ TEST(ConformanceObserve, HfTrainerGpt2CountsNOnUnshiftedLabelsAndLlamaDoesNot) {
   EXPECT_EQ(verdict_of(run, "grad.scale"), "fail") << r.out;
   EXPECT_EQ(run["diagnosis"]["best"]["id"], "unshifted-count") << r.out;
   EXPECT_NE(r.out.find("dropout turned off for the observed updates in transformer.drop p=0.1"), std::string::npos) << r.out;
+  // The finding where people look: every report format names what the job computed instead, with its
+  // figure, and the HTML's Reproduce line is the observe command that reruns the job.
+  const std::string headline = "the gradient matches unshifted-count";
+  const std::string junit = slurp(gpt2 + "/junit.xml"), md = slurp(gpt2 + "/report.md"), html = slurp(gpt2 + "/report.html");
+  EXPECT_NE(junit.find("message=\"figure"), std::string::npos) << junit;
+  EXPECT_NE(junit.find(headline), std::string::npos) << junit;
+  EXPECT_NE(md.find("diagnosis (observed"), std::string::npos) << md;
+  EXPECT_NE(md.find("matches unshifted-count"), std::string::npos) << md;
+  EXPECT_NE(html.find("id=\"findings\""), std::string::npos);
+  EXPECT_NE(html.find("matches unshifted-count"), std::string::npos);
+  EXPECT_NE(html.find("<pre><code>gradcert observe --out " + gpt2 + " --updates 3 -- " + venv + "/bin/torchrun"),
+            std::string::npos);
+  EXPECT_EQ(html.find("gradcert run --spec"), std::string::npos);
 
   const std::string llama = test::fresh_dir("gradcert_observe", "hf_llama");
   r = observe_example(llama, venv, "hf_trainer.py", "--arch llama --out " + llama + "/trainer");

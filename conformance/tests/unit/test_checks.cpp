@@ -144,7 +144,20 @@ TEST(Checks, DuplicatedSampleFailsLedgerAndUpdateSize) {
   const auto ledger = f.check("batch.sample_ledger");
   EXPECT_EQ(ledger.verdict, Verdict::Fail);
   EXPECT_NE(ledger.detail.find(std::to_string(dup)), std::string::npos) << ledger.detail;
+  // Who consumed it, and the cause the pattern shows: the repeat is in the epoch's last window.
+  EXPECT_NE(ledger.detail.find("rank 1 update 2 microstep 0"), std::string::npos) << ledger.detail;
+  EXPECT_NE(ledger.detail.find("update 0 microstep"), std::string::npos) << ledger.detail;
+  EXPECT_NE(ledger.detail.find("DistributedSampler(drop_last=False)"), std::string::npos) << ledger.detail;
   EXPECT_EQ(f.check("batch.update_size").verdict, Verdict::Fail);
+}
+
+TEST(Checks, RepeatBeforeTheEpochsLastWindowIsNotBlamedOnPadding) {
+  Fixture f;
+  f.run[1].ranks[0].consumed[0].push_back(f.plan.windows[0].ids[0]);
+  const auto ledger = f.check("batch.sample_ledger");
+  EXPECT_EQ(ledger.verdict, Verdict::Fail);
+  EXPECT_NE(ledger.detail.find("rank 0 update 1 microstep 0"), std::string::npos) << ledger.detail;
+  EXPECT_EQ(ledger.detail.find("DistributedSampler"), std::string::npos) << ledger.detail;
 }
 
 TEST(Checks, DroppedSampleFailsLedger) {

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <regex>
 #include <stdexcept>
 
 #include "conformance/core/format.hpp"
@@ -88,6 +89,22 @@ std::string rank_deaths(const std::string& dir) {
     out += std::string(out.empty() ? "" : "\n") + "rank " + std::to_string(e.rank) + " died in update " +
            std::to_string(e.update) + ": " + e.error + (e.where.empty() ? "" : " (" + e.where + ")");
   return out;
+}
+
+// batch.sample_ledger names gradcert's example ids; for an observed job each is also named by what
+// the user can find in their data: its content key and first tokens ("id 7 (content c1f..., tokens 5 9 ...) by").
+void name_examples(RunReport& report, const std::map<int64_t, std::string>& names) {
+  static const std::regex id_by(R"(id ([0-9]+) by )");
+  for (auto& c : report.checks) {
+    if (c.id != "batch.sample_ledger" || c.verdict != Verdict::Fail) continue;
+    std::string out;
+    auto from = c.detail.cbegin();
+    for (std::smatch m; std::regex_search(from, c.detail.cend(), m, id_by); from = m.suffix().first) {
+      const auto it = names.find(std::stoll(m[1].str()));
+      out += std::string(from, m[0].first) + "id " + m[1].str() + (it == names.end() ? "" : " (" + it->second + ")") + " by ";
+    }
+    c.detail = out + std::string(from, c.detail.cend());
+  }
 }
 
 // The params.* checks when the reference cannot step the job's optimizer: a skip naming it.
@@ -201,6 +218,7 @@ RunReport observe_job(const ObserveRequest& req) {
   checked.optimizer = optimizer_label(job);
   check_artifacts(checked, observed.run, nonce, dir);
   if (!observed.unsupported_optimizer.empty()) skip_params_checks(checked, observed.unsupported_optimizer);
+  name_examples(checked, observed.example_names);
   checked.diagnosis.note = observed.notes + (checked.diagnosis.note.empty() ? "" : "; " + checked.diagnosis.note);
   return finish(checked);
 }

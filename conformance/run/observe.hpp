@@ -1,6 +1,7 @@
 // `gradcert observe -- CMD`: the user's own training job, run as they run it, recorded by the
 // gradcert integration in it (NOTE [observed records]), and certified on what it did.
 #pragma once
+#include <map>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -30,6 +31,7 @@ struct ObservedRun {
   RunPlan run;
   std::string notes;              ///< the job's facts: integration, batch source, dropout, optimizer, labels
   std::string unsupported_optimizer;  ///< "" : the reference steps the job's optimizer; else why not (params.* skip)
+  std::map<int64_t, std::string> example_names;  ///< id -> "content KEY, tokens 5 9 2 ..." (the ledger names them)
 };
 
 /// Reads K updates of every rank's records in `dir` (which the job wrote with `nonce`) and

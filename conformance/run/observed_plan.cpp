@@ -140,6 +140,7 @@ ObservedRun plan_observed(const ObserveRequest& req, const ObservedJob& job, con
   if (!rec[0][0].groups.is_array())
     throw ArtifactError(dir + "/" + observed_update_file(0, 0) + ": field 'groups' is missing (rank 0 records the param groups)");
 
+  ObservedRun out;
   // The dataset: examples by first appearance.
   std::map<std::string, int64_t> id_of;
   json samples = json::array();
@@ -149,6 +150,9 @@ ObservedRun plan_observed(const ObserveRequest& req, const ObservedJob& job, con
     auto [it, fresh] = id_of.emplace(e.key, static_cast<int64_t>(targets_of_id.size()));
     if (fresh) {
       samples.push_back({{"id", it->second}, {"tokens", e.tokens}, {"labels", e.labels}});
+      std::string first;
+      for (size_t t = 0; t < e.tokens.size() && t < 6; ++t) first += (t ? " " : "") + std::to_string(e.tokens[t]);
+      out.example_names[it->second] = "content " + e.key + ", tokens " + first + (e.tokens.size() > 6 ? " ..." : "");
       targets_of_id.push_back(std::count_if(e.labels.begin(), e.labels.end(), [](int64_t l) { return l != kIgnoreIndex; }));
       longest = std::max(longest, e.tokens.size());
     }
@@ -161,7 +165,6 @@ ObservedRun plan_observed(const ObserveRequest& req, const ObservedJob& job, con
       for (const auto& m : r.microsteps) micro = std::max<int>(micro, static_cast<int>(m.examples.size()));
     }
 
-  ObservedRun out;
   RunPlan& run = out.run;
   run.observed = true;
   Plan& plan = run.plan;

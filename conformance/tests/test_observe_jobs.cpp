@@ -126,3 +126,20 @@ TEST(ConformanceObserveJobs, Fsdp1JobsPassInEitherParameterModeAndTheirMicroMean
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_NE(r.out.find("matches micro-mean"), std::string::npos) << r.out;
 }
+
+// DistributedSampler(drop_last=False) pads the epoch by repeating examples (23 rows on 2 ranks: one
+// repeat): batch.sample_ledger names the example by its content and first tokens, every rank / update
+// / microstep that consumed it, and the padding sampler as the cause.
+TEST(ConformanceObserveJobs, PaddingSamplerRepeatIsNamedWithWhereAndWhy) {
+  const std::string out = test::fresh_dir("gradcert_observe_jobs", "padding");
+  const auto r = observe(out, 2, kRepo + "/examples/observe/ddp_loop.py", "--rows 23");
+  EXPECT_EQ(r.code, 1) << r.out;
+  const auto ledger = check_of(run_of(out), "batch.sample_ledger");
+  EXPECT_EQ(ledger["verdict"], "fail") << r.out;
+  const std::string detail = ledger["detail"];
+  EXPECT_NE(detail.find("consumed more than once (id "), std::string::npos) << detail;
+  EXPECT_NE(detail.find("(content c"), std::string::npos) << detail;
+  EXPECT_NE(detail.find(", tokens "), std::string::npos) << detail;
+  EXPECT_NE(detail.find("update 1 microstep"), std::string::npos) << detail;
+  EXPECT_NE(detail.find("DistributedSampler(drop_last=False)"), std::string::npos) << detail;
+}

@@ -7,7 +7,8 @@ value (their code); installed packages by name. What is pickled is the module as
 it, not as its wrappers left it: FSDP1 / activation-checkpoint wrappers are replaced by the
 module they wrap, an FSDP2 module gets its own class back, every hook is dropped, and every
 parameter becomes an empty tensor of its full shape on the meta device (the weights come from
-initial.safetensors, as for any model); buffers travel as they are. The reference loads it
+initial.safetensors, as for any model); buffers travel as they are; what FSDP1, FSDP2 and ZeRO-3
+add to a module (state, process groups, partition registries) is left behind. The reference loads it
 with `load` (observed_model.py's build). A module that will not pickle (it holds an open file,
 a process group, a lock ...) is said at the run's end, with the one keyword that replaces this:
 `gradcert.watch(model, optimizer, factory=FUNC)`.
@@ -29,6 +30,10 @@ _HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_back
                "_load_state_dict_post_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called",
                "_forward_pre_hooks_with_kwargs")
 _WRAPPED = ("_fsdp_wrapped_module", "_checkpoint_wrapped_module")
+# What FSDP1 / FSDP2 (composable API state keys) and DeepSpeed ZeRO-3 add to a module's __dict__.
+_WRAPPER_STATE_PREFIXES = ("_fsdp", "__composable_api_state_key", "_is_fsdp_managed", "ds_", "_ds_")
+_WRAPPER_STATE = ("_is_root", "_handle", "_external_params", "_original_parameters", "all_parameters",
+                  "post_bwd_fn", "pre_bwd_fn")
 
 
 def user_class(module: nn.Module) -> type:
@@ -62,13 +67,20 @@ def _meta_parameter(p, full=None):
     return nn.Parameter(torch.empty(tuple(like.shape), dtype=like.dtype, device="meta"), requires_grad=like.requires_grad)
 
 
-def _state(module: nn.Module, full: dict, prefix: str) -> dict:
+def _state(module: nn.Module, full: dict, prefix: str, metas: dict) -> dict:
+    """The module's __dict__ to pickle. `metas` (id of a job parameter -> its meta stand-in) keeps
+    a parameter that several modules share (tied embeddings) one parameter in the rebuilt model."""
     state = dict(module.__dict__)
     for name in _HOOK_DICTS:
         if name in state:
             state[name] = OrderedDict()
-    params = OrderedDict((n, None if p is None else _meta_parameter(p, full.get(prefix + n)))
-                         for n, p in module._parameters.items() if n != "_flat_param")
+    params = OrderedDict()
+    for n, p in module._parameters.items():
+        if n == "_flat_param":
+            continue
+        if p is not None and id(p) not in metas:
+            metas[id(p)] = _meta_parameter(p, full.get(prefix + n))
+        params[n] = None if p is None else metas[id(p)]
     # FSDP1 with flat parameters took the module's own parameters out of _parameters (plain
     # tensor attributes stand in for them): put them back from the recorder's full copies.
     for name, t in full.items():
@@ -77,7 +89,8 @@ def _state(module: nn.Module, full: dict, prefix: str) -> dict:
             state.pop(name[len(prefix):], None)
     state["_parameters"] = params
     state["_modules"] = OrderedDict((n, None if m is None else _inner(m)) for n, m in module._modules.items())
-    for k in [k for k in state if k.startswith("_fsdp") or k in ("_is_root", "_handle")]:
+    # FSDP1 / FSDP2 / ZeRO-3 state (process groups, hooks, partition registries): not the model's.
+    for k in [k for k in state if k.startswith(_WRAPPER_STATE_PREFIXES) or k in _WRAPPER_STATE]:
         state.pop(k)
     return state
 
@@ -90,12 +103,12 @@ def _pickler_class():
 
         def __init__(self, f, full: dict, names: dict):
             super().__init__(f, protocol=4)
-            self.full, self.names = full, names
+            self.full, self.names, self.metas = full, names, {}
 
         def reducer_override(self, obj):
             if isinstance(obj, nn.Module):
                 obj = _inner(obj)
-                return _rebuild, (user_class(obj), _state(obj, self.full, self.names.get(id(obj), "")))
+                return _rebuild, (user_class(obj), _state(obj, self.full, self.names.get(id(obj), ""), self.metas))
             return super().reducer_override(obj)
 
     return Pickler
@@ -147,10 +160,13 @@ def load(path: str) -> nn.Module:
 
     with open(path, "rb") as f:
         model = pickle.load(f)
+    real = {}  # one real parameter per meta one: tied parameters stay tied
     for m in model.modules():
         for n, p in list(m._parameters.items()):
             if p is not None and p.device.type == "meta":
-                m._parameters[n] = nn.Parameter(torch.empty(p.shape, dtype=p.dtype), requires_grad=p.requires_grad)
+                if id(p) not in real:
+                    real[id(p)] = nn.Parameter(torch.empty(p.shape, dtype=p.dtype), requires_grad=p.requires_grad)
+                m._parameters[n] = real[id(p)]
     return model
 
 

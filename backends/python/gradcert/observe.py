@@ -40,7 +40,7 @@ from ._observe_facts import (  # noqa: F401  (re-exported: gradcert.observe.NAME
     DROPOUT_ATTRS, DROPOUT_TYPES, IGNORE, OBSERVED_MODEL_PY, ObserveError, _dropout_text, _is_dtensor, loader_facts, model_max_len,
     _local, _versions, example_key, example_rows, factory_string, hf_saved_config, qualified, shifted_targets,
     turn_off_dropout, unwrap_model, unwrap_optimizer)
-from . import _fsdp1, _job_module, _loss_targets
+from . import _deepspeed, _fsdp1, _job_module, _loss_targets
 from ._observe_hooks import (  # noqa: F401  (install_loss_wrapper: gradcert/__init__ installs it at import)
     ORIGINAL_LOSSES, OBSERVERS, install_clip_wrapper, install_excepthook, install_loss_wrapper)
 from ._observe_facts import _importable_elsewhere
@@ -108,8 +108,9 @@ class Observer:
         self.model = unwrap_model(model)
         self.optimizer = unwrap_optimizer(optimizer)
         self.fsdp1 = _fsdp1.fsdp1_root(model)  # NOTE [FSDP1 shards]
+        self.engine = _deepspeed.engine_of(model)  # NOTE [DeepSpeed engine]
         self.names, self.params = self._tensors()
-        for g in self.optimizer.param_groups:
+        for g in self.optimizer.param_groups if self.engine is None else []:  # the engine steps flat partitions
             for p in g["params"]:
                 if id(p) not in self.names:
                     raise ObserveError(f"gradcert.watch: the optimizer steps a tensor of shape {list(p.shape)} that "
@@ -146,13 +147,16 @@ class Observer:
         self._loss_calls_unmatched = []
         self._ended = False
         t = time.perf_counter()
-        self._write_initial()
-        self._rebuild = self._save_model()
+        initial = self._write_initial()
+        self._rebuild = self._save_model(initial)
         self._write_job(status="watching")
         self._handles.append(self.model.register_forward_pre_hook(self._pre_forward, with_kwargs=True))
         self._handles.append(self.model.register_forward_hook(self._post_forward, with_kwargs=True))
-        self._handles.append(self.optimizer.register_step_pre_hook(self._pre_step))
-        self._handles.append(self.optimizer.register_step_post_hook(self._post_step))
+        if self.engine is not None:
+            self._unwrap_step = _deepspeed.wrap_step(self.engine, self)
+        else:
+            self._handles.append(self.optimizer.register_step_pre_hook(self._pre_step))
+            self._handles.append(self.optimizer.register_step_post_hook(self._post_step))
         install_clip_wrapper()
         install_loss_wrapper()
         install_excepthook()
@@ -198,12 +202,13 @@ class Observer:
     def _full(self, t: torch.Tensor) -> torch.Tensor:
         return t.full_tensor() if _is_dtensor(t) else t
 
-    def _write_initial(self):
-        # Every rank takes part in a DTensor gather; rank 0 writes.
-        init = {n: self._full(p.detach()).to("cpu").clone() for n, p in self.params.items()}
+    def _write_initial(self) -> dict:
+        # Every rank takes part in the gathers (DTensor, FSDP1, ZeRO-3); rank 0 writes.
+        init = {n: self._full(p.detach()).to("cpu").clone() for n, p in self._current_params().items()}
         if self.rank == 0:
             client.write_tensors(os.path.join(self.out, "initial.safetensors"), init,
                                  client.DTYPES[self.dtype], metadata={"schema": "gradcert.initial/1"})
+        return init
 
     def _job_record(self, status: str) -> dict:
         model = {"class": qualified(self.model), "factory": self.factory, "dtype": self.dtype,
@@ -224,7 +229,7 @@ class Observer:
                 "sharded": self.sharded, "autocast": sorted(self._autocast), "job": self.job,
                 "versions": _versions()}
 
-    def _save_model(self) -> dict:
+    def _save_model(self, initial: dict) -> dict:
         """Rank 0: what the reference rebuilds the model from where no factory is given: the HF
         config, else the job's own module (NOTE [the job's own module]). {"how": ...} or {"error": ...}."""
         if self.rank != 0 or self.factory is not None:
@@ -236,7 +241,8 @@ class Observer:
                 how += f" with the job's PEFT adapters ({self.hf['peft']['wrapper']}, peft {self.hf['peft']['version']})"
         else:
             try:
-                how = _job_module.save(self.model, self.out, self.params, _importable_elsewhere)
+                full = {n: t.requires_grad_(self.params[n].requires_grad) for n, t in initial.items()}
+                how = _job_module.save(self.model, self.out, full, _importable_elsewhere)
             except Exception as e:  # whatever the job's module holds that will not pickle
                 return {"error": f"{type(e).__name__}: {e}"}
             script = _job_module.OBSERVED_MODULE_PY
@@ -381,9 +387,13 @@ class Observer:
         """The parameters as they stand (a collective under FSDP1: every rank is here)."""
         if self.fsdp1 is not None:
             return _fsdp1.fsdp1_full_tensors(self.fsdp1, "param")
+        if self.engine is not None:
+            return _deepspeed.full_params(self.engine, self.params)
         return {n: p.detach() for n, p in self.params.items()}
 
     def _read_grads(self) -> dict:
+        if self.engine is not None:
+            return _deepspeed.full_grads(self.engine, self.params)
         if self.fsdp1 is not None:
             grads = _fsdp1.fsdp1_full_tensors(self.fsdp1, "grad")
             return {n: grads.get(n) if grads.get(n) is not None else torch.zeros_like(p) for n, p in self.params.items()}
@@ -407,13 +417,14 @@ class Observer:
         self._grads = self._pre_clip if self._pre_clip is not None else self._read_grads()
         self._forwards_at_pre_step = len(self.micro)
         groups = []
-        for g in optimizer.param_groups:
+        in_group = _deepspeed.group_names(self.engine, optimizer, self.names) if self.engine is not None else None
+        for i, g in enumerate(optimizer.param_groups):
             h = {k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items()
                  if k != "params" and isinstance(v, (int, float, bool, str, tuple, type(None)))}
             h = {k: (float(v.item()) if torch.is_tensor(v) else v) for k, v in h.items()}
             if torch.is_tensor(g.get("lr")):
                 h["lr"] = float(g["lr"].item())
-            h["params"] = [n for p in g["params"] for n in self.names[id(p)]]
+            h["params"] = in_group[i] if in_group is not None else [n for p in g["params"] for n in self.names[id(p)]]
             groups.append(h)
         self._groups = groups
         self._excluded += time.perf_counter() - t
@@ -454,7 +465,7 @@ class Observer:
         rec = {"schema": SCHEMA_RANK, "rank": self.rank, "world": self.world, "nonce": self.nonce, "update": u,
                "microsteps": self.micro, "loss_sum": self.S, "step_seconds": step_seconds, "clip": self.clip,
                "grads": files["grads"], "params": files["params"]}
-        if not self.sharded and self.fsdp1 is None and self.world > 1:
+        if not self.sharded and self.fsdp1 is None and self.engine is None and self.world > 1:
             rec["replicas"] = client.replica_digests(params.items())
         if self.rank == 0:
             rec["groups"] = self._groups
@@ -498,6 +509,8 @@ class Observer:
         for h in self._handles:
             h.remove()
         self._handles = []
+        if getattr(self, "_unwrap_step", None):
+            self._unwrap_step()
 
 
 def watch(model: nn.Module, optimizer, *, factory=None, labels: str | None = None, integration: str = "watch",

@@ -82,6 +82,9 @@ class JobModuleTest(unittest.TestCase):
                 def __init__(self, d):
                     super().__init__()
                     self.lin = nn.Linear(d, d)
+                    self.emb = nn.Embedding(d, d)
+                    self.out = nn.Linear(d, d, bias=False)
+                    self.out.weight = self.emb.weight  # tied, as nanoGPT / GPT-2 heads are
                     self.register_buffer("mask", torch.arange(d) * SCALE)
                 def forward(self, x):
                     return self.lin(x) + self.mask
@@ -100,7 +103,8 @@ class JobModuleTest(unittest.TestCase):
             self.assertIn("Net (from its script)", out.stdout)
             m = _job_module.load(os.path.join(d, _job_module.PICKLE))
             self.assertEqual(type(m).__name__, "Net")
-            self.assertEqual([n for n, _ in m.named_parameters()], ["lin.weight", "lin.bias"])
+            self.assertEqual([n for n, _ in m.named_parameters()], ["lin.weight", "lin.bias", "emb.weight"])
+            self.assertIs(m.out.weight, m.emb.weight)
             self.assertEqual(m.mask.tolist(), [0, 3, 6, 9])
             self.assertEqual(len(m._forward_hooks), 0)
             self.assertFalse(any(p.is_meta for p in m.parameters()))

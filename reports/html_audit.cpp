@@ -22,6 +22,9 @@ namespace {
 
 std::string audit_command(const AuditReport& r) {
   const RunReport& b = r.before;
+  if (r.before_side.backend == "observed")  // `gradcert audit-jobs`: the sides are the user's own commands
+    return "gradcert audit-jobs --updates " + std::to_string(b.updates) + " --before " + shell_word(r.before_side.command) +
+           " --after " + shell_word(r.after_side.command);
   std::string c = "gradcert audit --before " + shell_word(r.before_side.name) + " --after " +
                   shell_word(r.after_side.name) + " --world " + std::to_string(b.topology.world()) + " --dtype " +
                   shell_word(b.dtype) + " --optimizer " + shell_word(b.optimizer);

@@ -136,6 +136,8 @@ std::string side_facts_line(const AuditSide& s, const AuditSideFacts& f) {
     for (const auto& [k, val] : f.versions) v += (v.empty() ? "" : ", ") + k + " " + val;
     line += "external stack" + (v.empty() ? std::string() : " [" + v + "]");
     if (!f.notes.empty()) line += "; notes: " + f.notes;
+  } else if (s.backend == "observed") {
+    line += "your job under gradcert observe: `" + s.command + "`";
   } else {
     line += "built-in gradcert backend (C++ on Gloo)";
     if (s.label == "fsdp") line += "; gradcert's own FSDP, not PyTorch FSDP1/FSDP2";

@@ -67,6 +67,8 @@ Verb add_check_verb(CLI::App& app, CommonOptions& o);
 Verb add_plan_verb(CLI::App& app, CommonOptions& o);
 Verb add_certify_verb(CLI::App& app, CommonOptions& o);
 Verb add_audit_verb(CLI::App& app, CommonOptions& o);
+/// `gradcert audit-jobs`: two of the user's own jobs observed, certified and compared.
+Verb add_audit_jobs_verb(CLI::App& app, CommonOptions& o);
 /// `gradcert spec` and `gradcert backends`.
 std::vector<Verb> add_info_verbs(CLI::App& app);
 /// `gradcert findings DIR`: scripts/certify-stacks' findings report and golden comparison.

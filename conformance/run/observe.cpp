@@ -133,7 +133,7 @@ std::string observe_command(const ObserveRequest& req) {
   return c;
 }
 
-RunReport observe_job(const ObserveRequest& req) {
+RunReport observe_job(const ObserveRequest& req, RunPlan* run) {
   if (req.argv.empty()) throw std::invalid_argument("gradcert observe: no command after `--` (e.g. -- torchrun ... train.py)");
   if (req.updates < 1) throw std::invalid_argument("--updates: must be >= 1, got " + std::to_string(req.updates));
   if (req.expect_batch < 0) throw std::invalid_argument("--expect-batch: must be >= 1, got " + std::to_string(req.expect_batch));
@@ -213,6 +213,7 @@ RunReport observe_job(const ObserveRequest& req) {
     report.error = e.what();
     return finish(report);
   }
+  if (run) *run = observed.run;
   RunReport checked = report_of(observed.run);
   checked.interrupted = report.interrupted;
   checked.optimizer = optimizer_label(job);

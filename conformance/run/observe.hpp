@@ -42,7 +42,7 @@ ObservedRun plan_observed(const ObserveRequest& request, const ObservedJob& job,
 
 /// Runs the job and certifies it. Bad options throw std::invalid_argument; a job that failed,
 /// recorded nothing, or ran fewer updates does not throw: RunReport::error names the rank, the
-/// update and the cause.
-RunReport observe_job(const ObserveRequest& request);
+/// update and the cause. `run` (optional) receives the job's plan and spec as the checks read them.
+RunReport observe_job(const ObserveRequest& request, RunPlan* run = nullptr);
 
 }  // namespace gradcert

@@ -60,6 +60,13 @@ ReferenceRun read_reference_run(const std::string& dir, const Plan& plan, const 
     const json& p = m["precision"];
     out.float64_throughout = p.value("float64_throughout", true);
     if (!out.float64_throughout) out.precision_note = json_excerpt(p, 400);
+    for (const char* list : {"lower_precision_ops", "lower_precision_modules"})
+      if (p.contains(list) && p[list].is_array())
+        for (const auto& e : p[list]) {
+          const std::string d = e.is_object() ? e.value("dtype", std::string()) : std::string();
+          if (d == "bfloat16" || d == "float16" || (d == "float32" && out.lowest_inner_dtype.empty())) out.lowest_inner_dtype = d;
+        }
+    if (!out.float64_throughout && out.lowest_inner_dtype.empty()) out.lowest_inner_dtype = "float32";
   }
   for (size_t u = 0; u < plan.windows.size(); ++u) {
     const json& e = m["updates"][u];

@@ -36,6 +36,8 @@ struct ReferenceRun {
   std::vector<UpdatePieces> pieces;   ///< empty when the runner wrote none
   bool float64_throughout = true;     ///< the manifest's precision record
   std::string precision_note;         ///< what ran in lower precision, when not
+  /// The lowest floating dtype the probe saw inside the model ("float32", "bfloat16", "float16"; "" when float64 throughout).
+  std::string lowest_inner_dtype;
   /// The pieces are at the stack's parameters after the previous update (reference.py
   /// --pieces-at; NOTE [pieces at the stack's parameters]), not at the reference's own.
   bool pieces_at_stack = false;

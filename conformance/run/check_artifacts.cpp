@@ -255,6 +255,7 @@ void check_artifacts(RunReport& report, const RunPlan& run, const std::string& n
     // duplicated or dropped example is a finding); the gradients against a reference over
     // the ids the stack really consumed (so the gradient math is judged on its own data).
     std::vector<ReferenceUpdate> reference, forced;  // NOTE [teacher forcing]
+    double parity_tol = spec.parity_tolerance(), scale_tol = spec.scale_tolerance();
     if (needs_python_reference(spec)) {
       const std::string ref_dir = work_dir + "/reference";
       // The spec's factory, which `check --spec` may move (the runner's default is plan.json's).
@@ -268,11 +269,24 @@ void check_artifacts(RunReport& report, const RunPlan& run, const std::string& n
       ReferenceRun ref = read_reference_run(ref_dir, plan, shapes);
       reference = std::move(ref.updates);
       forced = std::move(ref.forced);
-      report.diagnosis = diagnose(ref.pieces, reference, artifacts, plan.dp, plan.accum, spec.parity_tolerance(),
-                                  ref.pieces_at_stack);
+      // NOTE [inner precision] An observed job's model that computes in float32 (or lower) inside
+      // although its parameters are float64 (Llama's RMSNorm upcasts to float32, which for a float64
+      // model rounds): the job and the reference, batching the same rows otherwise, round at that
+      // boundary differently, so the run is held to that dtype's calibrated tolerance (as for
+      // autocast), and the note says so. The probe (the reference runner's one traced forward)
+      // names the ops; float64 throughout keeps float64's tolerance.
+      if (run.observed && spec.dtype == DType::Float64 && !ref.lowest_inner_dtype.empty()) {
+        const bool bf = ref.lowest_inner_dtype != "float32";
+        parity_tol = bf ? spec.tolerance.bfloat16 : spec.tolerance.float32;
+        scale_tol = bf ? spec.tolerance.scale_bfloat16 : spec.tolerance.scale_float32;
+      }
+      report.diagnosis = diagnose(ref.pieces, reference, artifacts, plan.dp, plan.accum, parity_tol, ref.pieces_at_stack);
       if (!ref.float64_throughout)
         report.diagnosis.note += "; NOTE: the model computes in lower precision inside although cast to float64 (" +
-                                 ref.precision_note + ")";
+                                 ref.precision_note + ")" +
+                                 (parity_tol != spec.parity_tolerance()
+                                      ? ": held to " + ref.lowest_inner_dtype + "'s calibrated tolerances (NOTE [inner precision])"
+                                      : std::string());
     } else {
       remove_spill.armed = true;
       const Plan ref_plan = req.sampler_audit ? plan_from_consumed(run, artifacts) : plan_in;
@@ -299,8 +313,8 @@ void check_artifacts(RunReport& report, const RunPlan& run, const std::string& n
     if (!forced.empty()) input.forced = &forced;
     input.floor_factor = spec.tolerance.floor_factor;
     input.run = &artifacts;
-    input.tolerance = spec.parity_tolerance();
-    input.scale_tolerance = spec.scale_tolerance();
+    input.tolerance = parity_tol;
+    input.scale_tolerance = scale_tol;
     input.targets_of_id = &run.targets_of_id;
     RunMemoryEvidence memory;
     if (run.external() || run.observed) {

@@ -186,3 +186,21 @@ TEST(ConformanceObserveJobs, AuditLocatesAPortWhoseSamplerSeedDiffers) {
             std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("departs from the reference"), std::string::npos) << r.out;
 }
+
+// LoRA in a plain loop (DDP and FSDP2 over a PeftModel, the loss outside the model, only watch): the
+// Llama computes RMSNorm in float32 inside its float64 parameters, so the job is held to float32's
+// calibrated tolerance and the report says why (NOTE [inner precision]); its local-mean is named.
+TEST(ConformanceObserveJobs, PeftInAPlainLoopPassesUnderDdpAndFsdp2AndItsLocalMeanIsNamed) {
+  const std::string example = kRepo + "/examples/observe/peft_loop.py";
+  for (const std::string wrap : {"ddp", "fsdp2"}) {
+    const std::string out = test::fresh_dir("gradcert_observe_jobs", "peft-loop-" + wrap);
+    const auto r = observe(out, 2, example, "--wrap " + wrap);
+    EXPECT_EQ(r.code, 0) << wrap << "\n" << r.out;
+    EXPECT_EQ(check_of(run_of(out), "grad.parity")["tolerance"], 2e-5) << wrap << "\n" << r.out;
+    EXPECT_NE(r.out.find("held to float32's calibrated tolerances (NOTE [inner precision])"), std::string::npos) << r.out;
+  }
+  const std::string out = test::fresh_dir("gradcert_observe_jobs", "peft-loop-local");
+  const auto r = observe(out, 2, example, "--loss local-mean");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_EQ(run_of(out)["diagnosis"]["best"]["id"], "local-mean") << r.out;
+}

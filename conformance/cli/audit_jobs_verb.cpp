@@ -41,13 +41,7 @@ Verb add_audit_jobs_verb(CLI::App& app, CommonOptions& o) {
             }
             req.out_dir = report_dir(o);
             AuditReport rep = run_job_audit(req, std::cout);
-            if (!rep.interrupted) rep.interrupted = interrupt_signal();
-            std::cout << audit_table(rep);
-            if (rep.interrupted) std::cout << interrupted_line(rep.interrupted);
-            write_audit_files(rep, req.out_dir);
-            std::cout << "# report: " << req.out_dir << "/audit.json (also audit.md, junit.xml, report.html)\n";
-            if (rep.interrupted) return 128 + rep.interrupted;
-            return rep.run_failed() ? kBadInput : rep.preserved() ? kPass : kCheckFailed;
+            return finish_audit(rep, req.out_dir);
           }};
 }
 

@@ -40,13 +40,7 @@ Verb add_audit_verb(CLI::App& app, CommonOptions& o) {
             req.exe = self_exe();
             req.out_dir = report_dir(o);
             AuditReport a = run_audit(req, std::cout);
-            if (!a.interrupted) a.interrupted = interrupt_signal();  // during the comparison
-            std::cout << audit_table(a);
-            if (a.interrupted) std::cout << interrupted_line(a.interrupted);
-            write_audit_files(a, req.out_dir);
-            std::cout << "# report: " << req.out_dir << "/audit.json (also audit.md, junit.xml, report.html)\n";
-            if (a.interrupted) return 128 + a.interrupted;
-            return a.run_failed() ? kBadInput : a.preserved() ? kPass : kCheckFailed;
+            return finish_audit(a, req.out_dir);
           }};
 }
 

@@ -96,6 +96,16 @@ std::string interrupted_line(int sig) {
          ": every rank and every process the command started was stopped; this report is partial\n";
 }
 
+int finish_audit(AuditReport& a, const std::string& dir) {
+  if (!a.interrupted) a.interrupted = interrupt_signal();  // during the comparison (NOTE [interrupt])
+  std::cout << audit_table(a);
+  if (a.interrupted) std::cout << interrupted_line(a.interrupted);
+  write_audit_files(a, dir);
+  std::cout << "# report: " << dir << "/audit.json (also audit.md, junit.xml, report.html)\n";
+  if (a.interrupted) return 128 + a.interrupted;
+  return a.run_failed() ? kBadInput : a.preserved() ? kPass : kCheckFailed;
+}
+
 int finish(const Report& finished, const std::string& dir) {
   Report report = finished;
   report.interrupted = interrupt_signal();  // NOTE [interrupt]

@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "conformance/core/audit_result.hpp"
 #include "conformance/core/result.hpp"
 #include "conformance/launch/launcher.hpp"
 
@@ -56,6 +57,8 @@ std::string absolute_factory(const std::string& model);
 std::string report_dir(const CommonOptions& o);
 /// Prints the console table, writes the report files into `dir`, and returns the exit code.
 int finish(const Report& report, const std::string& dir);
+/// The same for an audit (`audit`, `audit-jobs`): 0 preserved, 1 a difference, 2 a failed run.
+int finish_audit(AuditReport& audit, const std::string& dir);
 /// The console line of an interrupted command (NOTE [interrupt]): "# INTERRUPTED by SIGTERM: ...".
 std::string interrupted_line(int sig);
 

@@ -6,9 +6,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include <fstream>
-#include <sstream>
-
+#include "conformance/core/files.hpp"
 #include "conformance/tests/support.hpp"
 
 using namespace gradcert;
@@ -26,12 +24,7 @@ std::string case_name(const testing::TestParamInfo<ZeroCase>& i) {
   return "stage" + std::to_string(i.param.stage) + (i.param.offload ? "_offload" : "");
 }
 
-nlohmann::json run_of(const std::string& out) {
-  std::ifstream in(out + "/report.json");
-  std::stringstream s;
-  s << in.rdbuf();
-  return nlohmann::json::parse(s.str())["runs"][0];
-}
+nlohmann::json run_of(const std::string& out) { return nlohmann::json::parse(read_text_file(out + "/report.json"))["runs"][0]; }
 
 class ObserveDeepSpeed : public testing::TestWithParam<ZeroCase> {};
 

@@ -5,9 +5,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include <fstream>
-#include <sstream>
-
+#include "conformance/core/files.hpp"
 #include "conformance/tests/support.hpp"
 
 using namespace gradcert;
@@ -16,20 +14,13 @@ namespace {
 
 const std::string kRepo = GRADCERT_SOURCE_DIR;
 
-std::string slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
 // `gradcert observe --updates K` on examples/observe/EXAMPLE under torchrun (2 ranks).
 test::CliResult observe(const std::string& out, int updates, const std::string& example, const std::string& job_args) {
   return test::run_cli("observe --out " + out + " --updates " + std::to_string(updates) + " -- " + kRepo +
                        "/.venv/bin/torchrun --standalone --nproc_per_node 2 " + example + " " + job_args);
 }
 
-nlohmann::json run_of(const std::string& out) { return nlohmann::json::parse(slurp(out + "/report.json"))["runs"][0]; }
+nlohmann::json run_of(const std::string& out) { return nlohmann::json::parse(read_text_file(out + "/report.json"))["runs"][0]; }
 
 const nlohmann::json& check_of(const nlohmann::json& run, const std::string& id) {
   static const nlohmann::json absent = {{"verdict", "absent"}, {"figure", -1}};

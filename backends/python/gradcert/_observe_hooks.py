@@ -43,20 +43,25 @@ def install_clip_wrapper():
 
     def clip_grad_norm_(parameters, max_norm, *args, **kwargs):
         params = [parameters] if torch.is_tensor(parameters) else list(parameters)
-        owners = [o for o in OBSERVERS if o.owns_any(params)]
-        for o in owners:
-            if o._pre_clip is None and not o._ended:
-                o._pre_clip = o._read_grads()
-        total = original(params, max_norm, *args, **kwargs)
-        for o in owners:
-            o.saw_clip(params, max_norm, _local(total).item() if torch.is_tensor(total) else total)
-        return total
+        owners = [o for o in OBSERVERS if o.owns_any(params) and not o._ended]
+        return _around_clip(owners, params, max_norm, lambda: original(params, max_norm, *args, **kwargs))
 
     clip_grad_norm_.__wrapped__ = original
     clip_grad_norm_.__doc__ = original.__doc__
     U.clip_grad_norm_ = clip_grad_norm_
     C.clip_grad_norm_ = clip_grad_norm_
     _wrap_fsdp1_clip()
+
+
+def _around_clip(owners, params, max_norm, clip):
+    """Each owner's gradient before the clip (its first clip of the window), the clip, then its max norm."""
+    for o in owners:
+        if o._pre_clip is None:
+            o._pre_clip = o._read_grads()
+    total = clip()
+    for o in owners:
+        o.saw_clip(params, max_norm, _local(total).item() if torch.is_tensor(total) else total)
+    return total
 
 
 def _wrap_fsdp1_clip():
@@ -70,13 +75,7 @@ def _wrap_fsdp1_clip():
 
     def clip_grad_norm_(self, max_norm, *args, **kwargs):
         owners = [o for o in OBSERVERS if getattr(o, "fsdp1", None) is self and not o._ended]
-        for o in owners:
-            if o._pre_clip is None:
-                o._pre_clip = o._read_grads()
-        total = original(self, max_norm, *args, **kwargs)
-        for o in owners:
-            o.saw_clip(None, max_norm, _local(total).item() if torch.is_tensor(total) else total)
-        return total
+        return _around_clip(owners, None, max_norm, lambda: original(self, max_norm, *args, **kwargs))
 
     clip_grad_norm_.__wrapped__ = original
     clip_grad_norm_.__doc__ = original.__doc__

@@ -16,7 +16,6 @@ gradients, ZeRO 1-3 reduce in fp32): its jobs are held to float32's tolerance.
 from __future__ import annotations
 
 import torch
-import torch.nn as nn
 
 
 def engine_of(model):
@@ -92,7 +91,3 @@ def wrap_step(engine, observer):
 
     engine.step = step
     return lambda: setattr(engine, "step", original)
-
-
-def is_engine_module(module: nn.Module) -> bool:
-    return engine_of(module) is not None

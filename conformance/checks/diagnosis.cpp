@@ -1,5 +1,6 @@
 #include "conformance/checks/diagnosis.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -30,6 +31,15 @@ int64_t rank_rows(const UpdatePieces& w, int dp_rank) {
   for (const auto& p : w.meta)
     if (p.dp_rank == dp_rank) n += p.rows_with_targets;
   return n;
+}
+
+// A window's last microstep that carries a target on any rank (a partial window's trailing
+// microsteps may be empty everywhere).
+int last_micro(const UpdatePieces& w) {
+  int m = 0;
+  for (const auto& p : w.meta)
+    if (p.rows_with_targets > 0) m = std::max(m, p.micro);
+  return m;
 }
 
 }  // namespace
@@ -69,6 +79,19 @@ const std::vector<ObjectiveCandidate>& objective_candidates() {
        [](const PieceMeta&, const UpdatePieces& w, int dp, int) { return dp * inv(double(w.valid_targets)); }},
       {"divided-by-d-twice", "divided by D twice (loss scaling and a reduce-op average both applied)",
        [](const PieceMeta&, const UpdatePieces& w, int dp, int) { return inv(double(w.valid_targets)) / dp; }},
+      // An accumulator that is stored once and then only read (DeepSpeed < 0.19 ZeRO-1/2 with
+      // offload_optimizer, #7967): each microstep adds to the first one's copy, not to the sum.
+      {"first-and-last-microsteps", "each window's middle microsteps dropped: only its first and last microstep's "
+                                    "gradients kept (an accumulator stored once, then only read)",
+       [](const PieceMeta& p, const UpdatePieces& w, int, int) {
+         return p.micro == 0 || p.micro == last_micro(w) ? inv(double(w.valid_targets)) : 0.0;
+       }},
+      // An accumulator overwritten at the boundary (DeepSpeed < 0.19, #7981: several backward
+      // calls per step with gradient_accumulation_steps=1 and offload_optimizer).
+      {"last-microstep-only", "only each window's last microstep's gradient kept (the accumulator overwritten)",
+       [](const PieceMeta& p, const UpdatePieces& w, int, int) {
+         return p.micro == last_micro(w) ? inv(double(w.valid_targets)) : 0.0;
+       }},
   };
   return all;
 }

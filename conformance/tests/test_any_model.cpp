@@ -110,7 +110,8 @@ INSTANTIATE_TEST_SUITE_P(Models, ConformanceAnyModel,
 
 // Each planted adapter bug fails AND the diagnosis names it, at float64 round-off.
 TEST(ConformanceAnyModelDiagnosis, EachPlantedBugIsNamed) {
-  for (const std::string m : {"local-mean", "micro-mean", "partial-nominal-accum", "unshifted-count", "drop-partial-window"}) {
+  for (const std::string m : {"local-mean", "micro-mean", "partial-nominal-accum", "unshifted-count", "drop-partial-window",
+                              "first-and-last-microsteps", "last-microstep-only"}) {
     RunRequest req = request(factory_of("gru_lm"), 2, adapter("torch-ddp", "--mutant " + m), "gru_" + m);
     const RunReport r = run_backend(req);
     ASSERT_TRUE(r.error.empty()) << m << ": " << r.error;

@@ -364,6 +364,7 @@ def train(run: client.Run, rank: int, world: int, model: nn.Module, strategy: St
     saves with DCP (every rank)."""
     plan, data = run.plan, run.dataset
     consumed_all = run.consumed(rank)
+    window_ids = [run.consumed(r) for r in range(plan.dp)]  # every DP rank's (a window's last microstep)
     try:
         resume = ckpt.Resume()
     except client.ProtocolError as e:
@@ -413,6 +414,8 @@ def train(run: client.Run, rank: int, world: int, model: nn.Module, strategy: St
         rows_r = sum(data.rows_with_targets(ids) for ids in consumed)
         N_all, rows_all = allreduce_sum_f64([n_r, rows_r])  # every rank joins, zero-example ranks too
         N = mutants.window_count(mutant, int(round(N_all)), int(round(rows_all)))
+        last_a = max((a for r in range(plan.dp) for a, ids in enumerate(window_ids[r][u])
+                      if ids and data.rows_with_targets(ids) > 0), default=0)
         optimizer.zero_grad(set_to_none=True)
         model.zero_grad(set_to_none=True)
         S_r = 0.0
@@ -430,7 +433,7 @@ def train(run: client.Run, rank: int, world: int, model: nn.Module, strategy: St
                     inp, lab, _ = on_device(data.dummy_batch())
                     (loss_sum(model, inp, lab, data.ignore_index) * 0.0).backward()
                     continue
-                scale = mutants.loss_scale(mutant, plan.dp, plan.accum, N, n_r, b.valid_targets, partial)
+                scale = mutants.loss_scale(mutant, plan.dp, plan.accum, N, n_r, b.valid_targets, partial, a, last_a)
                 S = loss_sum(model, b.input, b.labels, data.ignore_index)
                 (S * scale).backward()
                 S_r += float(S.detach().to(torch.float64))

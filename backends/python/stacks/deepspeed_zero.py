@@ -47,6 +47,10 @@ Configurations (--config):
   token-global-flush the same, and the loop sets the boundary itself on every microbatch
                      (`engine.set_gradient_accumulation_boundary`, the documented override), True
                      on the last microbatch of each window, so a partial final window is stepped.
+  --offload          `offload_optimizer: {device: cpu}` (ZeRO 1-3; the plan's torch optimizer steps on
+                     the host: `zero_force_ds_cpu_optimizer: false`).
+  --ga1              token-global-flush with gradient_accumulation_steps=1: the window's A backward
+                     calls make one step through the loop's boundary override (DeepSpeed #7665).
 
 Facts found (DeepSpeed 0.19.8, torch 2.13.0 CPU, Gloo; the run's notes repeat them):
   - no float64: stage 0 asserts on fp64 gradients and ZeRO 1-3 reduce in fp32; this shim
@@ -66,7 +70,10 @@ Measured (gradcert run --world 2 --dtype float32 --sampler-audit, the default sp
   stage0..stage3          updates 0, 1 micro-mean (~3.6e-07), update 2 drop-partial-window:
                           grad.parity / grad.scale / params.parity fail;
   token-global (stage 2)  updates 0, 1 global-mean, update 2 drop-partial-window (fails);
-  token-global-flush      global-mean at stages 0-3 (every check passes).
+  token-global-flush      global-mean at stages 0-3 (every check passes);
+  ... --offload           global-mean at stages 1-2 in 0.19.8, with and without --ga1; in 0.18.6
+                          (before DeepSpeed #7967 / #7981) stage 2 computes first-and-last-microsteps
+                          (--ga1: last-microstep-only); stage 1 passes (docs/real-stacks.md).
 """
 
 import argparse
@@ -76,9 +83,8 @@ import sys
 import time
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
-os.environ.setdefault("TORCH_EXTENSIONS_DIR",
-                      os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
-                          os.path.abspath(__file__))))), ".venv-stacks", "deepspeed", "torch_extensions"))
+# The JIT-built CPU comm op is cached inside the stack's own venv (one per DeepSpeed version).
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(sys.prefix, "torch_extensions"))
 
 import common  # noqa: E402
 import torch  # noqa: E402
@@ -104,6 +110,11 @@ def main():
     ap.add_argument("--config", choices=CONFIGS, default="stage2")
     ap.add_argument("--stage", type=int, choices=(0, 1, 2, 3), default=None,
                     help="ZeRO stage (token-global*: default 2; stageN: must agree)")
+    ap.add_argument("--offload", action="store_true",
+                    help="offload_optimizer to the CPU (ZeRO 1-3): the optimizer state and step on the host")
+    ap.add_argument("--ga1", action="store_true",
+                    help="token-global-flush only: gradient_accumulation_steps=1, the window's A backward "
+                         "calls per step set by the loop's boundary override (DeepSpeed #7665's multi-backward)")
     args = ap.parse_args()
     token = args.config.startswith("token-global")
     flush = args.config == "token-global-flush"
@@ -113,7 +124,12 @@ def main():
         stage = int(args.config[-1])
         if args.stage is not None and args.stage != stage:
             common.fail(f"--config {args.config} with --stage {args.stage}")
-    config_name = f"{args.config}-stage{stage}" if token else args.config
+    if args.offload and stage == 0:
+        common.fail("--offload needs ZeRO stage 1-3 (DeepSpeed offloads the optimizer of a ZeRO optimizer)")
+    if args.ga1 and not flush:
+        common.fail("--ga1 needs --config token-global-flush (the loop must set the boundary itself)")
+    config_name = (f"{args.config}-stage{stage}" if token else args.config) + \
+        ("-offload" if args.offload else "") + ("-ga1" if args.ga1 else "")
 
     shim = common.Shim("deepspeed", config_name, packages=("deepspeed", "torch"))
     plan, data = shim.plan, shim.data
@@ -137,11 +153,16 @@ def main():
     model = shim.build_model(torch.float32)
     names = [n for n, _ in model.named_parameters()]
     optimizer = common.optimizer_for(model.parameters(), plan)
+    ga = 1 if args.ga1 else plan.accum
+    zero = {"stage": stage}
+    if args.offload:
+        zero["offload_optimizer"] = {"device": "cpu"}
     cfg = {
         "train_micro_batch_size_per_gpu": plan.micro,
-        "gradient_accumulation_steps": plan.accum,
-        "zero_optimization": {"stage": stage},
+        "gradient_accumulation_steps": ga,
+        "zero_optimization": zero,
         "zero_allow_untested_optimizer": True,
+        "zero_force_ds_cpu_optimizer": False,  # the plan's torch optimizer, also when offloaded
         "gradient_clipping": plan.max_grad_norm,
         "steps_per_print": 1 << 30,
         "wall_clock_breakdown": False,
@@ -240,10 +261,10 @@ def main():
             if len(window) < plan.accum:
                 break
 
-    ga = plan.accum
     leftover = (engine.micro_steps - engine.global_steps * ga) if not flush else 0
     facts = [f"DeepSpeed {deepspeed.__version__} engine, ZeRO stage {engine.zero_optimization_stage()}, "
-             f"config {args.config}, torch {torch.__version__}, accelerator "
+             f"config {args.config}" + (", offload_optimizer cpu" if args.offload else "") +
+             f", torch {torch.__version__}, accelerator "
              f"{deepspeed.get_accelerator().device_name()}, Gloo",
              "data: engine.deepspeed_io (DeepSpeedDataLoader) with DistributedSampler(shuffle=False, "
              "drop_last=False); initialize(training_data=) would shuffle (seed 0, no set_epoch)",
@@ -254,7 +275,9 @@ def main():
         facts.append("manual token-global recipe: loss = S_r,a * D / N_window (N all-reduced over the prefetched "
                      f"window), engine.backward(loss, scale_wrt_gas=False); windows (microbatches, N): {windows_seen}")
         if flush:
-            facts.append("boundary set by the loop (set_gradient_accumulation_boundary) on every microbatch")
+            facts.append("boundary set by the loop (set_gradient_accumulation_boundary) on every microbatch" +
+                         (f"; gradient_accumulation_steps=1: {plan.accum} engine.backward() calls per step"
+                          if args.ga1 else ""))
     else:
         facts.append("loss = the microbatch's mean token loss, engine.backward(loss) scales by 1/A")
     if leftover:

@@ -244,6 +244,12 @@ class MutantTest(unittest.TestCase):
         ids = self.plan.window(0)["ids"]
         self.assertEqual(m["updates"][0]["valid_targets"], self.plan.window_targets(0) + ds.rows_with_targets(ids))
 
+    def test_first_and_last_microsteps(self):
+        self.check_mutant("first-and-last-microsteps")
+
+    def test_last_microstep_only(self):
+        self.check_mutant("last-microstep-only")
+
     def test_drop_partial_window(self):
         m, out = self.check_mutant("drop-partial-window")
         last = len(self.plan) - 1

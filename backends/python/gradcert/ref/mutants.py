@@ -32,6 +32,11 @@ Ids (spelled as gradcert's C++ mutants):
   the manifest reports loss 0 and N 0, the gradient artifact is all zeros and the
   parameters artifact holds the unchanged parameters (those after the previous update).
   Full windows are correct.
+- `first-and-last-microsteps`: each window keeps only its first and its last microstep
+  (the last that carries a target on any rank); the middle ones are scaled by 0, the kept ones
+  by the correct D / N (DeepSpeed < 0.19 ZeRO-1/2 with offload_optimizer, #7967).
+- `last-microstep-only`: each window keeps only its last microstep (DeepSpeed < 0.19 with
+  offload_optimizer and several backward calls per step at ga_steps=1, #7981).
 - `grad-scale-1.05`: a uniform 1.05x gradient scale: scale = 1.05 * D / N (as an
   unnoticed loss-scale factor would do); for the low-precision scale tests. The loss the
   stack reports stays S / N.
@@ -92,9 +97,13 @@ def rank_count(mutant: str | None, n_r: int, rows_r: int) -> int:
 
 
 def loss_scale(mutant: str | None, dp: int, accum: int, N_used: int, n_rank: int, n_micro: int,
-               partial: bool) -> float:
-    """What multiplies S_{r,a} before backward. N_used: window_count(...)."""
+               partial: bool, micro: int = 0, last_micro: int = 0) -> float:
+    """What multiplies S_{r,a} before backward. N_used: window_count(...); micro: a;
+    last_micro: the window's last microstep that carries a target on any rank."""
     check(mutant)
+    if (mutant == "first-and-last-microsteps" and 0 < micro < last_micro) or \
+            (mutant == "last-microstep-only" and micro != last_micro):
+        return 0.0
     if mutant == "local-mean":
         return _inv(n_rank)
     if mutant == "micro-mean" or (mutant == "partial-nominal-accum" and partial):
@@ -115,7 +124,8 @@ def coefficients(mutant: str | None, pieces: list, dp: int, accum: int, partial:
     n_rank = {}
     for p in pieces:
         n_rank[p["dp_rank"]] = n_rank.get(p["dp_rank"], 0) + p["valid_targets"]
+    last = max((p["micro"] for p in pieces if p["rows_with_targets"] > 0), default=0)
     return {(p["dp_rank"], p["micro"]): loss_scale(mutant, dp, accum, N_used, n_rank[p["dp_rank"]],
-                                                   p["valid_targets"], partial) / dp
+                                                   p["valid_targets"], partial, p["micro"], last) / dp
             for p in pieces}
 

@@ -1,5 +1,5 @@
 // The one list of built-in strategies (NOTE [strategy descriptor]). Adding one: its file in
-// backends/ (the Backend and a StrategyInfo), one line here, a row in README.md; its CTest rows
+// backends/ (the Backend and a StrategyInfo), one line here, a row in docs/backends.md; its CTest rows
 // follow from this list.
 #include "backends/catalog.hpp"
 

@@ -22,7 +22,7 @@ struct CertifyTopology {
 /// just above it (nccl-tests' style). strategies() is the one list: the harness, certify, the
 /// estimator, the audit, the mutant matrix (mutant_cases) and the conformance and GPU test
 /// matrices (conformance/tests) are all instantiated from it, so a new strategy is its file, one
-/// line in backends/catalog.cpp and a README row.
+/// line in backends/catalog.cpp and a row in docs/backends.md.
 struct StrategyInfo {
   std::string name;              ///< as on the command line and in reports
   Sharding sharding = Sharding::Single;  ///< how it places model state (the estimator's rule)

@@ -104,12 +104,12 @@ struct CheckInput {
 /// One row of the check table: its id, what it holds, when it applies, and the check.
 struct CheckEntry {
   std::string id;
-  std::string holds;                       ///< one line, as in README's check table
+  std::string holds;                       ///< one line, as in docs/checks.md's check table
   bool (*applies)(const CheckInput&);      ///< false: left out of the run's report
   CheckResult (*run)(const CheckInput&);
 };
 /// The checks in report order. Adding a check: a function above, a row in checks.cpp, a
-/// row in README.md.
+/// row in docs/checks.md.
 const std::vector<CheckEntry>& check_table();
 /// Every applicable check of the table on `input`, in report order.
 std::vector<CheckResult> run_checks(const CheckInput& input);

@@ -31,7 +31,7 @@ std::string optimizer_label(const ObservedJob& job) {
 
 const char* const kWhy = "add `gradcert.watch(model, optimizer)` after the job builds them (or "
                          "`callbacks=[gradcert.hf.Callback()]` to an HF Trainer), and run the job in a Python "
-                         "environment where `import gradcert` works (README, \"Certify your own training job\")";
+                         "environment where `import gradcert` works (docs/observe.md)";
 
 bool exists(const std::string& path) {
   std::error_code ec;

@@ -1,5 +1,5 @@
 """fsdp1_loop.py ported to FSDP2 as the PyTorch FSDP2 migration notes describe it: the "after" side
-of the FSDP1 -> FSDP2 migration audit (`gradcert audit-jobs`, README "Migration audit of your own jobs").
+of the FSDP1 -> FSDP2 migration audit (`gradcert audit-jobs`, docs/migration.md).
 
     torchrun --nproc_per_node 2 examples/observe/fsdp2_port.py                   # trains
     gradcert audit-jobs --before 'torchrun ... fsdp1_loop.py' --after 'torchrun ... fsdp2_port.py'

@@ -7,7 +7,7 @@ DDP all-reduces gradients and divides by the world size (= D here: data parallel
 so each microstep backpropagates D * S_{r,a} / N; microsteps 0..A-2 run under no_sync()
 (gradients accumulate locally), the last one triggers the all-reduce of the accumulated
 gradient. The model is the plan's (spec.model.factory, else the built-in tiny LM).
-See backends/PROTOCOL.md; the planted bugs (--mutant) are in gradcert/ref/mutants.py.
+See backends/PROTOCOL.md; the planted bugs (--mutant) are in testbed/mutants.py.
 """
 
 import argparse
@@ -17,8 +17,8 @@ import sys
 import torch  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
-from gradcert import tiny_lm as gm  # noqa: E402
 from gradcert.ref import client  # noqa: E402
+from testbed import trainer as gm  # noqa: E402  (the test bed beside this script)
 
 ADAPTER = "torch-ddp"
 

@@ -32,8 +32,8 @@ from torch.distributed.fsdp import FullyShardedDataParallel as FSDP  # noqa: E40
 from torch.distributed.fsdp import MixedPrecision, ShardingStrategy  # noqa: E402
 from torch.distributed.fsdp.wrap import lambda_auto_wrap_policy  # noqa: E402
 
-from gradcert import tiny_lm as gm  # noqa: E402
 from gradcert.ref import client, factory  # noqa: E402
+from testbed import trainer as gm  # noqa: E402  (the test bed beside this script)
 
 ADAPTER = "torch-fsdp1"
 WRAP_PREFIX = "_fsdp_wrapped_module."

@@ -21,7 +21,7 @@ Gradient accumulation: microsteps 0..A-2 run with set_requires_gradient_sync(Fal
 FSDP2 accumulates unsharded gradients locally and reduce-scatters the sum on microstep
 A-1 (FSDP1's no_sync). The forward still all-gathers parameters on every microstep, so a
 rank with an empty microbatch runs a zero-loss forward/backward on every microstep
-(NOTE [empty microbatch] in gradcert/tiny_lm.py).
+(NOTE [empty microbatch] in testbed/trainer.py).
 
 Artifacts: per-rank shards (NOTE [shard artifacts], backends/PROTOCOL.md): every rank writes
 the local pieces of its DTensor gradients and parameters with their placement, outside the
@@ -38,8 +38,8 @@ from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # noqa: E402
 from torch.distributed.tensor import DTensor  # noqa: E402
 
-from gradcert import tiny_lm as gm  # noqa: E402
 from gradcert.ref import client, factory  # noqa: E402
+from testbed import trainer as gm  # noqa: E402  (the test bed beside this script)
 
 ADAPTER = "torch-fsdp2"
 

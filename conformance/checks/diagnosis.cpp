@@ -46,7 +46,7 @@ int last_micro(const UpdatePieces& w) {
 
 // NOTE [objective candidates] A data-parallel stack that averages gradients over D ranks and
 // sums them over A microsteps holds g = sum_{r,a} (scale_{r,a} / D) grad S_{r,a}; each
-// candidate is one rule for scale (backends/python/gradcert/ref/mutants.py plants the same
+// candidate is one rule for scale (backends/python/testbed/mutants.py plants the same
 // rules in the adapters). Where two candidates coincide on every window of a run (e.g. no
 // partial window), the diagnosis cannot tell them apart and names the first in this order.
 const std::vector<ObjectiveCandidate>& objective_candidates() {

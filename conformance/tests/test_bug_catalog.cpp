@@ -1,7 +1,7 @@
-// One bug-class catalog (backends/python/gradcert/bugs.json): every class the C++ tables name
+// One bug-class catalog (backends/python/testbed/bugs.json): every class the C++ tables name
 // (built-in mutants, diagnosis candidates) is in it and says it applies there, and the other
 // way round; the adapters' catalog offers only the catalog's adapter classes. Python reads the
-// same file (gradcert.ref.mutants.MUTANTS).
+// same file (backends/python/testbed/mutants.py, MUTANTS).
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -24,7 +24,7 @@ nlohmann::json read_json(const std::string& rel) {
 
 std::set<std::string> catalog_where(const std::string& where) {
   std::set<std::string> out;
-  const nlohmann::json catalog = read_json("backends/python/gradcert/bugs.json");
+  const nlohmann::json catalog = read_json("backends/python/testbed/bugs.json");
   for (const auto& b : catalog.at("bugs"))
     for (const auto& a : b.at("applies"))
       if (a == where) out.insert(b.at("name").get<std::string>());
@@ -33,7 +33,7 @@ std::set<std::string> catalog_where(const std::string& where) {
 
 TEST(BugCatalog, NamesEachClassOnce) {
   std::set<std::string> seen;
-  const nlohmann::json catalog = read_json("backends/python/gradcert/bugs.json");
+  const nlohmann::json catalog = read_json("backends/python/testbed/bugs.json");
   for (const auto& b : catalog.at("bugs")) {
     const std::string n = b.at("name");
     EXPECT_TRUE(seen.insert(n).second) << n << " is named twice";

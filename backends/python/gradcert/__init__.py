@@ -12,7 +12,8 @@ Add one line to the training script and run it under `gradcert observe`:
 
 Outside `gradcert observe` every integration does nothing, so it can stay in the script.
 `gradcert.ref` is the protocol client and the reference runner; `gradcert.tiny_lm` the
-built-in model the PyTorch adapters train.
+built-in model (`gradcert.tiny_lm:tiny_lm`). The PyTorch adapters' trainer, their planted
+bugs and the bug catalog are the test bed (backends/python/testbed/), not installed.
 """
 
 from .observe import NoOp, ObserveError, install_loss_wrapper, observing, watch

@@ -41,6 +41,11 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# The test bed (backends/python/testbed/: the adapters' trainer, whose optimizer the shims share)
+# is not installed with the gradcert package: its folder, the shims' parent, goes on the path
+# (after the installed packages, so the venv's gradcert is the one imported).
+if os.path.dirname(HERE) not in sys.path:
+    sys.path.append(os.path.dirname(HERE))
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -179,10 +184,10 @@ def loss_sum(logits: torch.Tensor, shifted_labels: torch.Tensor, ignore_index: i
 
 def optimizer_for(params, plan: client.Plan):
     """torch.optim SGD / AdamW with the plan's hyperparameters (the protocol's rules): the
-    adapters' own (gradcert.tiny_lm.make_optimizer, kind 'torch')."""
-    from gradcert import tiny_lm
+    adapters' own (testbed/trainer.py make_optimizer, kind 'torch')."""
+    from testbed import trainer
 
-    return tiny_lm.make_optimizer(params, plan.optimizer, "torch")
+    return trainer.make_optimizer(params, plan.optimizer, "torch")
 
 
 def package_version(name: str) -> str | None:
@@ -317,7 +322,7 @@ class Shim:
 
 
 def shutdown():
-    """As gradcert.tiny_lm.shutdown (NOTE [teardown]): barrier, destroy, os._exit(0)."""
+    """As testbed/trainer.py shutdown (NOTE [teardown]): barrier, destroy, os._exit(0)."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():

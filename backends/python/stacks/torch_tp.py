@@ -253,7 +253,7 @@ def main():
                 shim.tap([], None, None)
                 if not fsdp:
                     continue  # every TP peer has the same (empty) slot: no collective to join
-                inp, lab, _ = data.dummy_batch()  # NOTE [empty microbatch] in gradcert/tiny_lm.py
+                inp, lab, _ = data.dummy_batch()  # NOTE [empty microbatch] in testbed/trainer.py
                 logits = model(inp)
                 (F.cross_entropy(logits.reshape(-1, logits.size(-1)), lab.reshape(-1), ignore_index=ign,
                                  reduction="sum") * 0.0).backward()

@@ -16,6 +16,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import unittest
 
@@ -24,8 +25,10 @@ import torch
 TESTS = os.path.dirname(os.path.abspath(__file__))
 PY = os.path.dirname(TESTS)
 REPO = os.path.dirname(os.path.dirname(PY))
+if PY not in sys.path:  # the test bed (testbed/) is not installed: pytest.ini's pythonpath, else here (unittest)
+    sys.path.insert(0, PY)
 
-from gradcert import tiny_lm as gm  # noqa: E402
+from gradcert.tiny_lm import TINY_LM_DEFAULTS  # noqa: E402
 from gradcert.ref import client, initial  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
@@ -102,7 +105,7 @@ def python_inputs(dest, world, size=26, micro=2, accum=3, seed=1234, model_facto
         windows.append({"update": u, "epoch": 0, "partial": len(ids) < ub, "ids": ids,
                         "valid_targets": count(ids), "slots": slots})
     spec = {"batch": {"micro": micro, "accum": accum}, "dtype": "float64", "seed": seed,
-            "model": dict(gm.TINY_LM_DEFAULTS, **({"factory": model_factory} if model_factory else {})),
+            "model": dict(TINY_LM_DEFAULTS, **({"factory": model_factory} if model_factory else {})),
             "optimizer": {"name": "sgd", "lr": 0.1, "momentum": 0.0, "weight_decay": 0.0, "beta1": 0.9,
                           "beta2": 0.999, "eps": 1e-8},
             "timeout": {"collective_s": 60.0, "run_s": 300.0}, "topology": {"dp": world, "tp": 1, "pp": 1}}

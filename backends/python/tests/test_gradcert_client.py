@@ -1,6 +1,7 @@
 """Tests of backends/python's pieces without the reference runner: the protocol client
 (datasets, the gradient recorder, shard files), model factories, the adapter catalog and
-command.sh, and the stack checkpoint export (gradcert.ref.checkpoint / dcp_export).
+command.sh, and the stack checkpoint export (gradcert.ref.checkpoint / dcp_export); the
+adapters' trainer of the test bed (testbed/trainer.py).
 Helpers and inputs: helpers.py; the reference runner, adapters and mutants:
 test_gradcert_ref.py.
 
@@ -20,9 +21,11 @@ from helpers import PY, REPO, TESTS, needs_torchrun, scratch
 from helpers import make_tmp as setUpModule  # noqa: F401  (unittest's module fixtures)
 from helpers import remove_tmp as tearDownModule  # noqa: F401
 
-from gradcert import tiny_lm as gm
-from gradcert.ref import client, factory, mutants
+from gradcert.ref import client, factory
+from gradcert.tiny_lm import TinyLM
 from safetensors.torch import load_file
+from testbed import mutants
+from testbed import trainer as gm
 
 
 # --------------------------------------------------------------------------------------
@@ -106,7 +109,7 @@ class FactoryTest(unittest.TestCase):
 
     def test_builtin_and_file_factories(self):
         m = factory.build(None, 32, 24, spec={"d_model": 8, "heads": 2, "layers": 1, "d_ff": 16})
-        self.assertIsInstance(m, gm.TinyLM)  # the very class the adapters wrap
+        self.assertIsInstance(m, TinyLM)  # the very class the adapters wrap
         self.assertEqual(m.wte.weight.shape, (32, 8))
         self.assertEqual(len(factory.units(m)), 1)
         g = factory.build(f"{self.F}:gru_lm", 40, 24)
@@ -114,7 +117,7 @@ class FactoryTest(unittest.TestCase):
         self.assertEqual(factory.units(g), [])  # no ModuleList: the root alone
         s = factory.build(f"{self.F}:with_spec", 40, 24, spec={"d_model": 6})
         self.assertEqual(s.seen_spec, {"d_model": 6})
-        self.assertIsInstance(factory.build("gradcert.tiny_lm:tiny_lm", 32, 24), gm.TinyLM)
+        self.assertIsInstance(factory.build("gradcert.tiny_lm:tiny_lm", 32, 24), TinyLM)
 
     def test_errors_name_the_factory(self):
         cases = [("nope.py:f", "file 'nope.py' not found"), (f"{self.F}:missing", "has no 'missing'"),

@@ -1,8 +1,8 @@
 """Tests of backends/python's float64 reference runner (gradcert.ref.reference) and the
 initial-weights writer, against gradcert's C++ artifacts and their own invariants; the
 adapters against the reference (a GRU LM through torch-ddp at world 2) and the adapters'
-mutants. The client, factories, catalog and checkpoint export: test_gradcert_client.py;
-helpers and inputs: helpers.py.
+mutants (testbed/mutants.py). The client, factories, catalog and checkpoint export:
+test_gradcert_client.py; helpers and inputs: helpers.py.
 
     .venv/bin/python -m pytest backends/python/tests -q        # or
     .venv/bin/python -m unittest discover -s backends/python/tests -v
@@ -24,8 +24,9 @@ from helpers import (EXE, GRU, HAVE_EXE, PY, TESTS, edit_plan, inputs, needs_tor
 from helpers import make_tmp as setUpModule  # noqa: F401  (unittest's module fixtures)
 from helpers import remove_tmp as tearDownModule  # noqa: F401
 
-from gradcert.ref import client, factory, initial, mutants, reference
+from gradcert.ref import client, factory, initial, reference
 from safetensors.torch import load_file
+from testbed import mutants
 
 
 # The reference runner

@@ -86,9 +86,9 @@ class JobObjectsTest(unittest.TestCase):
             facts.unwrap_optimizer(object())
 
     def test_factories_are_named_as_the_reference_can_import_them(self):
-        from gradcert import tiny_lm
+        from gradcert.tiny_lm import tiny_lm
 
-        self.assertEqual(facts.factory_string(tiny_lm.tiny_lm), "gradcert.tiny_lm:tiny_lm")
+        self.assertEqual(facts.factory_string(tiny_lm), "gradcert.tiny_lm:tiny_lm")
         self.assertEqual(facts.factory_string("x.py:f"), "x.py:f")
         with self.assertRaisesRegex(ObserveError, "lambda"):
             facts.factory_string(lambda v, n: None)

@@ -1,8 +1,8 @@
 """gradcert.ref: the client library stacks use to speak backends/PROTOCOL.md (client), model
 factories (factory), the float64 reference runner for a user's own PyTorch model
-(reference), the initial-weights writer (initial), the adapters' planted bugs and the
-candidate objectives a diagnosis compares a failing gradient with (mutants), stack
-checkpoints (checkpoint, dcp_export).
+(reference), the initial-weights writer (initial), stack checkpoints (checkpoint: the
+environment and gradcert.json; dcp_export). The adapters' planted bugs and their own
+checkpoint legs are the test bed's (backends/python/testbed/), not installed.
 
     from gradcert.ref import client, factory
 

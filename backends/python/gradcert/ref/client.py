@@ -198,7 +198,7 @@ class Dataset:
 
     def rows_with_targets(self, ids) -> int:
         """Rows with at least one valid target: what counting on unshifted labels adds to N
-        (mutants.py `unshifted-count`)."""
+        (the test bed's mutant `unshifted-count`, testbed/mutants.py)."""
         return sum(1 for i in ids if any(l != self.ignore_index for l in self._row(i)["labels"]))
 
 

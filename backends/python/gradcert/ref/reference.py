@@ -25,7 +25,8 @@ piece's loss SUM S_{r,a} (one backward per microbatch, at the update's parameter
 u<k>.pieces.safetensors with tensors `r<r>.a<a>.<param>` (zeros for an empty piece) and
 u<k>.pieces.json listing each piece's ids, loss_sum, valid_targets, rows_with_targets
 and unshifted_targets (= valid + rows with targets), so a diagnosis can form candidate
-objectives as linear combinations (gradcert/ref/mutants.py `coefficients`).
+objectives as linear combinations (the test bed's backends/python/testbed/mutants.py
+`coefficients`).
 sum_{r,a} piece / N equals the window's gradient up to rounding.
 
 Teacher forcing and noise floors (with --pieces-at; NOTE [teacher forcing] and NOTE [noise

@@ -1,4 +1,5 @@
-"""The adapters' planted bugs (`--mutant ID`), and the objectives they stand for.
+"""The adapters' planted bugs (`--mutant ID`), and the objectives they stand for: part of the
+test bed (backends/python/testbed/), not of the installed `gradcert` package.
 
 Every adapter's wrapper averages gradients over the D data-parallel ranks and sums them
 over the A microsteps of a window, so what it finally holds is
@@ -41,7 +42,7 @@ Ids (spelled as gradcert's C++ mutants):
   unnoticed loss-scale factor would do); for the low-precision scale tests. The loss the
   stack reports stays S / N.
 
-The checkpoint bugs (with `gradcert run --resume-at K`; gradcert/ref/checkpoint.py, as
+The checkpoint bugs (with `gradcert run --resume-at K`; testbed/checkpoint.py, as
 gradcert's C++ mutants of the same names): `resume-optimizer-unsaved` (the checkpoint holds
 the model only), `resume-step-reset` (the load leaves AdamW's step counters at 0),
 `resume-sampler-restart` (the second leg starts update K's epoch over),
@@ -53,11 +54,12 @@ from __future__ import annotations
 
 
 def _catalog() -> list:
-    """The one bug-class catalog (gradcert/bugs.json; C++ checks its tables against it)."""
+    """The one bug-class catalog (testbed/bugs.json, beside this file; C++ checks its tables
+    against it)."""
     import json
     import os
 
-    with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bugs.json")) as f:
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "bugs.json")) as f:
         return json.load(f)["bugs"]
 
 

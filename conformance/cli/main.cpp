@@ -18,6 +18,7 @@ int dispatch(int argc, char** argv) {
   CLI::App app{"gradcert: does this training stack, under this parallel strategy, train the same model on the "
                "same data as one process would?"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", version_text());
   CommonOptions o;
   std::vector<Verb> verbs = {add_run_verb(app, o), add_observe_verb(app, o), add_check_verb(app, o), add_plan_verb(app, o),
                              add_certify_verb(app, o), add_audit_verb(app, o), add_audit_jobs_verb(app, o)};

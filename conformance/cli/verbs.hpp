@@ -76,6 +76,9 @@ Verb add_audit_jobs_verb(CLI::App& app, CommonOptions& o);
 std::vector<Verb> add_info_verbs(CLI::App& app);
 /// `gradcert findings DIR`: scripts/certify-stacks' findings report and golden comparison.
 Verb add_findings_verb(CLI::App& app);
+/// `gradcert --version`: this version (pyproject.toml's), the torch it was built against, and
+/// whether CUDA and NCCL are compiled in (conformance/cli/version.cpp).
+std::string version_text();
 /// The hidden `gradcert worker` (one rank process).
 Verb add_worker_verb(CLI::App& app);
 

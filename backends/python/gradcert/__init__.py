@@ -16,19 +16,44 @@ built-in model (`gradcert.tiny_lm:tiny_lm`). The PyTorch adapters' trainer, thei
 bugs and the bug catalog are the test bed (backends/python/testbed/), not installed.
 """
 
-from .observe import NoOp, ObserveError, install_loss_wrapper, observing, watch
+import os as _os
+
+#: The environment variable `gradcert observe` sets for its job (gradcert.observe reads it too).
+ENV_DIR = "GRADCERT_OBSERVE_DIR"
+
+
+def observing() -> bool:
+    """Whether this process runs under `gradcert observe` (torch is not imported for this)."""
+    return bool(_os.environ.get(ENV_DIR))
+
 
 if observing():  # before the job can import cross_entropy by name (NOTE [loss outside the model])
+    from .observe import install_loss_wrapper
+
     install_loss_wrapper()
 
-__version__ = "0.11.0"
+
+def _version() -> str:
+    """The one version number (pyproject.toml's), as installed."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("gradcert")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+__version__ = _version()
 __all__ = ["watch", "observing", "NoOp", "ObserveError", "hf", "lightning"]
 
 
 def __getattr__(name):
-    # gradcert.hf / gradcert.lightning import their framework: only on use.
-    if name in ("hf", "lightning"):
-        import importlib
+    # torch, and gradcert.hf / gradcert.lightning's frameworks, are imported on first use only:
+    # `gradcert` / `python -m gradcert` (gradcert/__main__.py) start without them.
+    import importlib
 
+    if name in ("watch", "NoOp", "ObserveError", "install_loss_wrapper"):
+        return getattr(importlib.import_module(".observe", __name__), name)
+    if name in ("hf", "lightning", "observe", "ref", "tiny_lm"):
         return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'gradcert' has no attribute {name!r}")

@@ -46,18 +46,13 @@ from ._observe_hooks import (  # noqa: F401  (install_loss_wrapper: gradcert/__i
 from ._observe_facts import _importable_elsewhere
 from .ref import client
 
-ENV_DIR = "GRADCERT_OBSERVE_DIR"
+from . import ENV_DIR, observing  # noqa: E402,F401  (defined once, in gradcert/__init__.py)
 ENV_UPDATES = "GRADCERT_OBSERVE_UPDATES"
 ENV_KEEP_DROPOUT = "GRADCERT_OBSERVE_KEEP_DROPOUT"
 ENV_DEVICE = "GRADCERT_DEVICE"
 SCHEMA_RANK = "gradcert.observed-rank/1"
 SCHEMA_JOB = "gradcert.observed/1"
 SUPPORTED_OPTIMIZERS = {"SGD": "sgd", "Adam": "adam", "AdamW": "adamw"}
-
-
-def observing() -> bool:
-    """Whether this process runs under `gradcert observe`."""
-    return bool(os.environ.get(ENV_DIR))
 
 
 class NoOp:

@@ -6,8 +6,8 @@ checkpoint legs are the test bed's (backends/python/testbed/), not installed.
 
     from gradcert.ref import client, factory
 
-Installed with the `gradcert` package (`pip install ./backends/python`; scripts/bootstrap
-installs it into .venv, editable). Protocol: backends/PROTOCOL.md.
+Installed with the `gradcert` package (`pip install <checkout>`; scripts/bootstrap
+installs it into .venv, editable, without the CLI). Protocol: backends/PROTOCOL.md.
 """
 
 PROTOCOL_VERSION = 1

@@ -14,11 +14,20 @@ after `prepare` is the only gradcert line; outside `gradcert observe` it does no
                      loss normalisation by the number of items in the window): the window's
                      valid targets gathered over the ranks, sum loss * A * world / N
                      (accelerator.backward divides by A).
+--deepspeed STAGE    the same loop on the DeepSpeed engine: `Accelerator(deepspeed_plugin=
+                     DeepSpeedPlugin(zero_stage=STAGE, gradient_accumulation_steps=A,
+                     gradient_clipping=1.0))`, --offload puts the optimizer on the CPU
+                     (`offload_optimizer_device="cpu"`). `prepare` hands back the engine and
+                     accelerate's wrapper of its optimizer, which is what gradcert.watch gets;
+                     accelerator.backward runs engine.backward and engine.step, the engine
+                     clips. DeepSpeed trains no float64: float32 only. Without a GPU the
+                     script selects DeepSpeed's CPU accelerator and Gloo itself (below).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 
 import torch
 from accelerate import Accelerator
@@ -34,10 +43,22 @@ def main():
     ap.add_argument("--dtype", choices=["float64", "float32"], default="float32")
     ap.add_argument("--rows", type=int, default=48)
     ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--deepspeed", type=int, choices=(0, 1, 2, 3), help="run on the DeepSpeed engine, this ZeRO stage")
+    ap.add_argument("--offload", action="store_true", help="with --deepspeed: the optimizer on the CPU")
     args = ap.parse_args()
 
     accum = 3
-    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=accum)
+    if args.deepspeed is None:
+        accelerator = Accelerator(cpu=True, gradient_accumulation_steps=accum)
+    else:
+        from accelerate import DeepSpeedPlugin, PartialState
+
+        if not torch.cuda.is_available():  # DeepSpeed on the CPU: its CPU accelerator, and Gloo (accelerate
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")  # picks no backend without a GPU or cpu=True,
+            PartialState(backend="gloo")  # and cpu=True turns DeepSpeed off)
+        plugin = DeepSpeedPlugin(zero_stage=args.deepspeed, gradient_accumulation_steps=accum, gradient_clipping=1.0,
+                                 offload_optimizer_device="cpu" if args.offload else "none")
+        accelerator = Accelerator(gradient_accumulation_steps=accum, deepspeed_plugin=plugin)
     torch.manual_seed(0)
     model = build(VOCAB, MAX_LEN).to(getattr(torch, args.dtype))
     optimizer = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.01)

@@ -13,6 +13,21 @@ line is `callbacks=[gradcert.hf.Callback()]`; outside `gradcert observe` it does
               this one has no "ForCausalLM" in it, so the Trainer counts num_items_in_batch
               on unshifted labels (one target too many per row).
 --arch llama  LlamaForCausalLM: the same job with a *ForCausalLM model.
+--deepspeed STAGE  the same job on the DeepSpeed engine, as HF's DeepSpeed docs write it:
+              `TrainingArguments(deepspeed=config)` with ZeRO STAGE and the batch, accumulation
+              and clipping left "auto" (the Trainer fills them in), the Trainer's own AdamW
+              (no "optimizer" entry); --offload puts it on the CPU (`offload_optimizer`, with
+              `zero_force_ds_cpu_optimizer: false`, which DeepSpeed asks for with a torch
+              optimizer). Without a GPU: DeepSpeed's CPU accelerator and Gloo (`ddp_backend`),
+              set below; DeepSpeed trains no float64.
+
+NOTE [HF DeepSpeed on the CPU] With `deepspeed=` the Trainer builds accelerate's state without
+its `ddp_backend`, and accelerate picks no backend without a GPU: every rank then believes it is
+alone, reads the whole dataset and counts num_items_in_batch on its own rows (gradcert fails
+batch.sample_ledger and targets.window_count on it: N = one rank's targets). On the CPU the
+script therefore makes the state itself, with Gloo, and tells the Trainer to use it
+(`accelerator_config={"use_configured_state": True}`, a TrainingArguments option). On a GPU the
+Trainer's own NCCL state is used and none of this runs.
 """
 
 from __future__ import annotations
@@ -67,6 +82,8 @@ def main():
     ap.add_argument("--arch", choices=["gpt2", "llama"], default="gpt2")
     ap.add_argument("--dtype", choices=["float64", "float32"], default="float32")
     ap.add_argument("--rows", type=int, default=40)
+    ap.add_argument("--deepspeed", type=int, choices=(0, 1, 2, 3), help="run on the DeepSpeed engine, this ZeRO stage")
+    ap.add_argument("--offload", action="store_true", help="with --deepspeed: the optimizer on the CPU")
     ap.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "hf_trainer_example"),
                     help="the Trainer's output_dir (nothing is saved)")
     args = ap.parse_args()
@@ -77,11 +94,27 @@ def main():
 
     torch.manual_seed(0)
     model = make_model(args.arch, tokenizer, getattr(torch, args.dtype))
+    engine = {}
+    if args.deepspeed is not None:
+        zero = {"stage": args.deepspeed}
+        if args.offload:
+            zero["offload_optimizer"] = {"device": "cpu"}
+        engine["deepspeed"] = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+                               "gradient_clipping": "auto", "zero_optimization": zero,
+                               "zero_force_ds_cpu_optimizer": False}
+        if not torch.cuda.is_available():  # NOTE [HF DeepSpeed on the CPU]
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")
+            from accelerate import PartialState
+
+            os.environ["ACCELERATE_USE_DEEPSPEED"] = "true"  # a state made for DeepSpeed, as the Trainer's
+            PartialState(backend="gloo")  # own would be
+            del os.environ["ACCELERATE_USE_DEEPSPEED"]
+            engine["accelerator_config"] = {"use_configured_state": True}
     targs = TrainingArguments(
         output_dir=args.out, per_device_train_batch_size=2, gradient_accumulation_steps=3,
         num_train_epochs=2, learning_rate=1e-3, lr_scheduler_type="linear", warmup_steps=2, weight_decay=0.01,
-        max_grad_norm=1.0, use_cpu=True, ddp_backend="gloo", report_to=[], save_strategy="no",
-        logging_strategy="no", disable_tqdm=True, seed=0)
+        max_grad_norm=1.0, use_cpu=not engine, ddp_backend="gloo", report_to=[], save_strategy="no",
+        logging_strategy="no", disable_tqdm=True, seed=0, **engine)
     trainer = Trainer(model=model, args=targs, train_dataset=train,
                       data_collator=DataCollatorForLanguageModeling(tokenizer, mlm=False),
                       callbacks=[gradcert.hf.Callback()])  # the one gradcert line

@@ -18,9 +18,44 @@ from __future__ import annotations
 import torch
 
 
-def engine_of(model):
-    """The DeepSpeedEngine (or PipelineEngine) the job passed to watch(), or None."""
-    return model if type(model).__name__ in ("DeepSpeedEngine", "PipelineEngine") and hasattr(model, "module") else None
+def _is_engine(obj) -> bool:
+    return type(obj).__name__ in ("DeepSpeedEngine", "PipelineEngine") and hasattr(obj, "module")
+
+
+def _steps_through_deepspeed(optimizer) -> bool:
+    """An optimizer of DeepSpeed's (a ZeRO optimizer), or a wrapper of one (accelerate's
+    DeepSpeedOptimizerWrapper, as HF Trainer's callbacks see it)."""
+    for _ in range(4):
+        if optimizer is None:
+            return False
+        if type(optimizer).__module__.startswith("deepspeed.") or type(optimizer).__name__ == "DeepSpeedOptimizerWrapper":
+            return True
+        optimizer = getattr(optimizer, "optimizer", None)
+    return False
+
+
+def engine_of(model, optimizer=None):
+    """The DeepSpeedEngine (or PipelineEngine) the job trains, or None. Either the engine itself
+    was passed to watch(), or (NOTE [engine of a module]) the engine's module with DeepSpeed's
+    optimizer: HF Trainer's callbacks get the Trainer's `model` (the module inside the engine)
+    and accelerate's wrapper of the engine's optimizer, and the engine is the one that holds it.
+
+    NOTE [engine of a module] Nothing a callback is handed points at the engine, so it is found
+    among the live objects (gc): the one DeepSpeedEngine whose `.module` is the watched model."""
+    if _is_engine(model):
+        return model
+    if not _steps_through_deepspeed(optimizer):
+        return None
+    import gc
+
+    engines = [o for o in gc.get_objects() if _is_engine(o) and getattr(o, "module", None) is model]
+    if len(engines) != 1:
+        from .observe import ObserveError
+
+        raise ObserveError(f"gradcert.watch: the optimizer is DeepSpeed's ({type(optimizer).__name__}) but "
+                           f"{len(engines)} DeepSpeed engines hold the watched model: pass the engine itself, "
+                           f"gradcert.watch(engine, engine.optimizer)")
+    return engines[0]
 
 
 def full_shape(p: torch.Tensor) -> tuple:

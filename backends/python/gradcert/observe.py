@@ -103,7 +103,7 @@ class Observer:
         self.model = unwrap_model(model)
         self.optimizer = unwrap_optimizer(optimizer)
         self.fsdp1 = _fsdp1.fsdp1_root(model)  # NOTE [FSDP1 shards]
-        self.engine = _deepspeed.engine_of(model)  # NOTE [DeepSpeed engine]
+        self.engine = _deepspeed.engine_of(model, optimizer)  # NOTE [DeepSpeed engine]
         self.names, self.params = self._tensors()
         for g in self.optimizer.param_groups if self.engine is None else []:  # the engine steps flat partitions
             for p in g["params"]:

@@ -105,7 +105,8 @@ def logits_of(out):
     return out.logits if hasattr(out, "logits") else out
 
 
-def main():
+def parse_args():
+    """The command line, checked, with the resolved zero_stage, token, flush and config_name added."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", choices=CONFIGS, default="stage2")
     ap.add_argument("--stage", type=int, choices=(0, 1, 2, 3), default=None,
@@ -128,36 +129,18 @@ def main():
         common.fail("--offload needs ZeRO stage 1-3 (DeepSpeed offloads the optimizer of a ZeRO optimizer)")
     if args.ga1 and not flush:
         common.fail("--ga1 needs --config token-global-flush (the loop must set the boundary itself)")
-    config_name = (f"{args.config}-stage{stage}" if token else args.config) + \
+    args.config_name = (f"{args.config}-stage{stage}" if token else args.config) + \
         ("-offload" if args.offload else "") + ("-ga1" if args.ga1 else "")
+    args.zero_stage, args.token, args.flush = stage, token, flush
+    return args
 
-    shim = common.Shim("deepspeed", config_name, packages=("deepspeed", "torch"))
-    plan, data = shim.plan, shim.data
-    if plan.dtype != torch.float32:
-        common.skip(f"plan dtype {plan.dtype_name}: DeepSpeed {deepspeed.__version__} has no float64 training "
-                    f"(stage 0 asserts on fp64 gradients, ZeRO 1-3 reduce in fp32) and this shim wires "
-                    f"float32 only; run gradcert with --dtype float32")
-    dataset, epochs = common.epoch_dataset(plan, data, "samples", "shifted", "DeepSpeed")
-    ign = data.ignore_index
 
-    timeout = int(float(plan.spec.get("timeout", {}).get("collective_s", 60)) or 60)
-    t_init = time.perf_counter()
-    deepspeed.init_distributed("gloo", timeout=datetime.timedelta(seconds=timeout))
-    import torch.distributed as dist
-
-    D = dist.get_world_size()
-    if D != plan.dp:
-        common.fail(f"world {D} but the plan has dp={plan.dp}")
-
-    torch.manual_seed(int(plan.spec.get("seed", 0)))
-    model = shim.build_model(torch.float32)
-    names = [n for n, _ in model.named_parameters()]
-    optimizer = common.optimizer_for(model.parameters(), plan)
-    ga = 1 if args.ga1 else plan.accum
-    zero = {"stage": stage}
+def engine_config(plan, args, ga: int) -> dict:
+    """The DeepSpeed config: the plan's micro batch, `ga` accumulation steps, ZeRO, clipping."""
+    zero = {"stage": args.zero_stage}
     if args.offload:
         zero["offload_optimizer"] = {"device": "cpu"}
-    cfg = {
+    return {
         "train_micro_batch_size_per_gpu": plan.micro,
         "gradient_accumulation_steps": ga,
         "zero_optimization": zero,
@@ -167,42 +150,75 @@ def main():
         "steps_per_print": 1 << 30,
         "wall_clock_breakdown": False,
     }
-    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=cfg)
-    init_s = time.perf_counter() - t_init
 
-    sampler = torch.utils.data.DistributedSampler(dataset, num_replicas=D, rank=dist.get_rank(), shuffle=False,
-                                                  drop_last=False)
-    loader = engine.deepspeed_io(dataset, data_sampler=sampler, collate_fn=common.collate(data.pad_token, ign),
-                                 num_local_io_workers=0, pin_memory=False)
-    device = engine.device
-    params = dict(model.named_parameters())
 
-    def grads():
-        out = {}
-        for n in names:
+class EngineLoop:
+    """The DeepSpeed engine, its loader, and what the loop observes of it at each microstep."""
+
+    def __init__(self, shim, args):
+        """init_distributed (Gloo), then the plan's model and optimizer through deepspeed.initialize."""
+        plan = shim.plan
+        self.shim, self.stage = shim, args.zero_stage
+        timeout = int(float(plan.spec.get("timeout", {}).get("collective_s", 60)) or 60)
+        t_init = time.perf_counter()
+        deepspeed.init_distributed("gloo", timeout=datetime.timedelta(seconds=timeout))
+        import torch.distributed as dist
+
+        self.D = dist.get_world_size()
+        if self.D != plan.dp:
+            common.fail(f"world {self.D} but the plan has dp={plan.dp}")
+
+        torch.manual_seed(int(plan.spec.get("seed", 0)))
+        self.model = model = shim.build_model(torch.float32)
+        self.names = [n for n, _ in model.named_parameters()]
+        optimizer = common.optimizer_for(model.parameters(), plan)
+        self.ga = 1 if args.ga1 else plan.accum
+        self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer,
+                                                    config=engine_config(plan, args, self.ga))
+        self.init_s = time.perf_counter() - t_init
+        self.step_calls = 0
+
+    def open_loader(self, dataset):
+        """The engine's loader (deepspeed_io) over a DistributedSampler(shuffle=False, drop_last=False)."""
+        import torch.distributed as dist
+
+        data = self.shim.data
+        self.sampler = torch.utils.data.DistributedSampler(dataset, num_replicas=self.D, rank=dist.get_rank(),
+                                                           shuffle=False, drop_last=False)
+        self.loader = self.engine.deepspeed_io(dataset, data_sampler=self.sampler,
+                                               collate_fn=common.collate(data.pad_token, data.ignore_index),
+                                               num_local_io_workers=0, pin_memory=False)
+        self.device = self.engine.device
+        self.params = dict(self.model.named_parameters())
+
+    def grads(self):
+        """The reduced gradient, full (safe_get_full_grad), on the CPU."""
+        params, out = self.params, {}
+        for n in self.names:
             g = safe_get_full_grad(params[n])
             out[n] = torch.zeros_like(params[n], device="cpu") if g is None else g.detach().to("cpu").clone()
         return out
 
-    def full_params():
-        out = {}
-        for n in names:
-            p = safe_get_full_fp32_param(params[n]) if stage > 0 else None
+    def full_params(self):
+        """The parameters, full (the fp32 master partitions gathered at ZeRO 1-3), on the CPU."""
+        params, out = self.params, {}
+        for n in self.names:
+            p = safe_get_full_fp32_param(params[n]) if self.stage > 0 else None
             out[n] = (params[n] if p is None else p).detach().to("cpu").clone()
         return out
 
-    def timed(fn):
+    def timed(self, fn):
+        """fn(), its time excluded from the step time (a gather for the artifacts)."""
         t = time.perf_counter()
         v = fn()
-        shim._excluded += time.perf_counter() - t
+        self.shim._excluded += time.perf_counter() - t
         return v
 
-    step_calls = [0]
-
-    def microstep(batch, scale=None):
+    def microstep(self, batch, scale=None):
         """One microbatch through the engine: forward, the loss, backward, step."""
-        inp = batch["input_ids"].to(device)
-        labels = batch["labels"].to(device)
+        engine, shim, ign = self.engine, self.shim, self.shim.data.ignore_index
+        inp = batch["input_ids"].to(self.device)
+        labels = batch["labels"].to(self.device)
         logits = logits_of(engine(inp))
         shim.tap(batch["sample_id"], logits, labels)
         if scale is None:
@@ -213,68 +229,80 @@ def main():
             shim.add_stack_loss(engine.backward(loss, scale_wrt_gas=False))
         boundary = engine.is_gradient_accumulation_boundary()
         if boundary:
-            shim.before_step(timed(grads))
+            shim.before_step(self.timed(self.grads))
         engine.step()
-        step_calls[0] += 1
+        self.step_calls += 1
         if boundary:
             if engine.was_step_applied():
-                shim.after_step(timed(full_params))
+                shim.after_step(self.timed(self.full_params))
             else:
                 shim.notes.append(f"engine step {shim.steps} skipped (overflow)")
                 shim._grads = None
 
-    windows_seen = []
-    shim._t0 = time.perf_counter()  # update 0's step time starts here, not before initialize()
-    for epoch in range(epochs):
-        sampler.set_epoch(epoch)
-        if not token:
-            for batch in loader:
-                microstep(batch)
-            continue
-        it = iter(loader)
-        while True:
-            # next() by hand: DeepSpeedDataLoader.__iter__ rebuilds its DataLoader, so
-            # itertools.islice(loader_iter) would restart the epoch at every window.
-            window = []
-            for _ in range(plan.accum):
-                try:
-                    window.append(next(it))
-                except StopIteration:
-                    break
-            cnt = torch.tensor([sum(int((b["labels"] != ign).sum()) for b in window), len(window)],
-                               dtype=torch.float64)
-            counts = cnt.clone()
-            dist.all_reduce(counts)
-            lens = [torch.zeros(1, dtype=torch.float64) for _ in range(D)]
-            dist.all_gather(lens, cnt[1:].clone())
-            if len({int(x.item()) for x in lens}) != 1:
-                common.fail(f"ranks hold different numbers of microbatches in a window: {[int(x) for x in lens]}")
-            if not window:
-                break
-            N = int(counts[0].item())
-            windows_seen.append((len(window), N))
-            shim.saw_window_count(N)
-            for k, batch in enumerate(window):
-                if flush:
-                    engine.set_gradient_accumulation_boundary(k == len(window) - 1)
-                microstep(batch, scale=D / max(N, 1))
-            if len(window) < plan.accum:
-                break
 
-    leftover = (engine.micro_steps - engine.global_steps * ga) if not flush else 0
+def next_window(it, A: int) -> list:
+    """Up to A microbatches from the loader's iterator (fewer at the end of the epoch)."""
+    window = []
+    for _ in range(A):
+        try:
+            window.append(next(it))
+        except StopIteration:
+            break
+    return window
+
+
+def window_count(window: list, ign: int, D: int) -> int:
+    """The window's N all-reduced over the ranks (every rank, empty window too); equal microbatch counts checked."""
+    import torch.distributed as dist
+
+    cnt = torch.tensor([sum(int((b["labels"] != ign).sum()) for b in window), len(window)],
+                       dtype=torch.float64)
+    counts = cnt.clone()
+    dist.all_reduce(counts)
+    lens = [torch.zeros(1, dtype=torch.float64) for _ in range(D)]
+    dist.all_gather(lens, cnt[1:].clone())
+    if len({int(x.item()) for x in lens}) != 1:
+        common.fail(f"ranks hold different numbers of microbatches in a window: {[int(x) for x in lens]}")
+    return int(counts[0].item())
+
+
+def token_global_epoch(loop: EngineLoop, plan, flush: bool, windows_seen: list):
+    """One epoch of the manual token-global recipe: per prefetched window N, then S_r,a * D / N per microbatch."""
+    it = iter(loop.loader)
+    while True:
+        # next() by hand: DeepSpeedDataLoader.__iter__ rebuilds its DataLoader, so
+        # itertools.islice(loader_iter) would restart the epoch at every window.
+        window = next_window(it, plan.accum)
+        N = window_count(window, loop.shim.data.ignore_index, loop.D)
+        if not window:
+            break
+        windows_seen.append((len(window), N))
+        loop.shim.saw_window_count(N)
+        for k, batch in enumerate(window):
+            if flush:
+                loop.engine.set_gradient_accumulation_boundary(k == len(window) - 1)
+            loop.microstep(batch, scale=loop.D / max(N, 1))
+        if len(window) < plan.accum:
+            break
+
+
+def run_facts(args, loop: EngineLoop, plan, windows_seen: list) -> list:
+    """What the run's notes say: the engine, the data, the steps and the loss recipe."""
+    engine, ga = loop.engine, loop.ga
+    leftover = (engine.micro_steps - engine.global_steps * ga) if not args.flush else 0
     facts = [f"DeepSpeed {deepspeed.__version__} engine, ZeRO stage {engine.zero_optimization_stage()}, "
              f"config {args.config}" + (", offload_optimizer cpu" if args.offload else "") +
              f", torch {torch.__version__}, accelerator "
              f"{deepspeed.get_accelerator().device_name()}, Gloo",
              "data: engine.deepspeed_io (DeepSpeedDataLoader) with DistributedSampler(shuffle=False, "
              "drop_last=False); initialize(training_data=) would shuffle (seed 0, no set_epoch)",
-             f"{len(loader)} microbatches per rank per epoch, {step_calls[0]} engine.step() calls, "
+             f"{len(loop.loader)} microbatches per rank per epoch, {loop.step_calls} engine.step() calls, "
              f"{engine.global_steps} optimizer steps (gradient_accumulation_steps={ga})",
-             f"initialize + init_distributed {init_s:.1f}s"]
-    if token:
+             f"initialize + init_distributed {loop.init_s:.1f}s"]
+    if args.token:
         facts.append("manual token-global recipe: loss = S_r,a * D / N_window (N all-reduced over the prefetched "
                      f"window), engine.backward(loss, scale_wrt_gas=False); windows (microbatches, N): {windows_seen}")
-        if flush:
+        if args.flush:
             facts.append("boundary set by the loop (set_gradient_accumulation_boundary) on every microbatch" +
                          (f"; gradient_accumulation_steps=1: {plan.accum} engine.backward() calls per step"
                           if args.ga1 else ""))
@@ -283,7 +311,32 @@ def main():
     if leftover:
         facts.append(f"{leftover} microbatch(es) after the last boundary were backpropagated but never stepped "
                      f"(the engine steps once every {ga} micro-steps: the partial final window is dropped)")
-    shim.finish(full_params, notes="; ".join(facts))
+    return facts
+
+
+def main():
+    args = parse_args()
+    shim = common.Shim("deepspeed", args.config_name, packages=("deepspeed", "torch"))
+    plan, data = shim.plan, shim.data
+    if plan.dtype != torch.float32:
+        common.skip(f"plan dtype {plan.dtype_name}: DeepSpeed {deepspeed.__version__} has no float64 training "
+                    f"(stage 0 asserts on fp64 gradients, ZeRO 1-3 reduce in fp32) and this shim wires "
+                    f"float32 only; run gradcert with --dtype float32")
+    dataset, epochs = common.epoch_dataset(plan, data, "samples", "shifted", "DeepSpeed")
+    loop = EngineLoop(shim, args)
+    loop.open_loader(dataset)
+
+    windows_seen = []
+    shim._t0 = time.perf_counter()  # update 0's step time starts here, not before initialize()
+    for epoch in range(epochs):
+        loop.sampler.set_epoch(epoch)
+        if not args.token:
+            for batch in loop.loader:
+                loop.microstep(batch)
+            continue
+        token_global_epoch(loop, plan, args.flush, windows_seen)
+
+    shim.finish(loop.full_params, notes="; ".join(run_facts(args, loop, plan, windows_seen)))
     common.shutdown()
 
 

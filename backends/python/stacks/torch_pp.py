@@ -115,16 +115,18 @@ class Stage(nn.Module):
         return x
 
 
-def main():
+def parse_args():
+    """The command line: --config and --pad."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", choices=CONFIGS, default="gpipe")
     ap.add_argument("--pad", choices=("max_len", "window"), default="max_len",
                     help="pad sequences to the spec's max_len (static shapes, default) or to the window's longest "
                          "(what a DataLoader's collate gives; probes the schedule's static-shape requirement)")
-    args = ap.parse_args()
-    shim = common.Shim(STACK, args.config, packages=("torch",))
-    plan, data, run = shim.plan, shim.data, shim.run
-    correct = not args.config.endswith("-default")
+    return ap.parse_args()
+
+
+def check_plan(plan):
+    """Fails on a topology or dtype the shim does not run: PP only (tp 1, dp 1, pp >= 2), no bfloat16."""
     if plan.tp != 1:
         common.fail(f"the torch PP shim has no tensor parallelism; the plan has tp={plan.tp}")
     if plan.pp < 2:
@@ -134,15 +136,20 @@ def main():
     if plan.dtype == torch.bfloat16:
         common.fail("bfloat16 needs fp32 master weights the shim does not keep: run float64 or float32")
 
+
+def init_stages(plan) -> int:
+    """The Gloo process group; the world checked against pp; returns the world size."""
     timeout = float(plan.spec.get("timeout", {}).get("collective_s", 60)) or 60.0
     dist.init_process_group(backend="gloo", init_method="env://", timeout=timedelta(seconds=timeout))
-    world, rank = dist.get_world_size(), dist.get_rank()
+    world = dist.get_world_size()
     if world != plan.pp:
         common.fail(f"started with world {world}, the plan's topology needs pp = {plan.pp}")
-    pp, s = plan.pp, rank  # dp 1: the stage index is the global rank
-    first, last = s == 0, s == pp - 1
+    return world
 
-    torch.manual_seed(int(plan.spec.get("seed", 0)))
+
+def split_model(shim, s: int, pp: int):
+    """This rank's Stage of the plan's tiny LM and the block cuts of every stage."""
+    torch.manual_seed(int(shim.plan.spec.get("seed", 0)))
     model = shim.build_model()
     blocks = getattr(model, "blocks", None)
     if blocks is None or not all(hasattr(model, n) for n in ("wte", "wpe", "ln_f", "lm_head")):
@@ -151,14 +158,13 @@ def main():
     if L < pp:
         common.fail(f"{L} blocks cannot fill {pp} stages")
     cuts = [round(k * L / pp) for k in range(pp + 1)]
-    stage_mod = Stage(model, cuts[s], cuts[s + 1], first, last)
+    stage_mod = Stage(model, cuts[s], cuts[s + 1], s == 0, s == pp - 1)
     del model
-    names = [n for n, _ in stage_mod.named_parameters()]
+    return stage_mod, cuts
 
-    D, A, B = plan.dp, plan.accum, plan.micro
-    ign, pad = data.ignore_index, data.pad_token
-    max_len = int(plan.model_spec.get("max_len", 0)) or max(len(r["tokens"]) for r in data.samples.values())
-    N_box = [1]
+
+def make_loss_fn(correct: bool, ign: int, D: int, N_box: list, seen: list):
+    """The schedule's loss_fn: sum CE * D / N_box[0] (correct) or the mean CE; keeps every call in `seen`."""
 
     def loss_correct(logits, target):
         return F.cross_entropy(logits.reshape(-1, logits.size(-1)), target.reshape(-1), ignore_index=ign,
@@ -168,8 +174,6 @@ def main():
         return F.cross_entropy(logits.reshape(-1, logits.size(-1)), target.reshape(-1), ignore_index=ign)
 
     base_loss = loss_correct if correct else loss_default
-    chunk_ids = []  # this step's ids per schedule microbatch
-    seen = []  # (logits, target, loss) of every loss_fn call of this step
 
     def loss_fn(logits, target):
         # NOTE [metadata inference] on its first step the last stage calls loss_fn once more,
@@ -180,15 +184,22 @@ def main():
         seen.append((logits.detach(), target, loss.detach()))
         return loss
 
+    return loss_fn
+
+
+def make_schedule(stage_mod, s: int, pp: int, config: str, A: int, loss_fn, correct: bool):
+    """PipelineStage and the config's schedule (GPipe or 1F1B); skips where CPU/Gloo cannot build them."""
     try:
         stage = PipelineStage(stage_mod, s, pp, torch.device("cpu"))
-        Sched = ScheduleGPipe if args.config.startswith("gpipe") else Schedule1F1B
+        Sched = ScheduleGPipe if config.startswith("gpipe") else Schedule1F1B
         # loss_fn on every stage: a schedule without one has no backward (_has_backward = loss_fn is not None)
-        schedule = Sched(stage, n_microbatches=A, loss_fn=loss_fn, scale_grads=not correct)
+        return Sched(stage, n_microbatches=A, loss_fn=loss_fn, scale_grads=not correct)
     except Exception as e:
-        common.skip(f"PipelineStage / {args.config} schedule on CPU/Gloo: {type(e).__name__}: {e}")
+        common.skip(f"PipelineStage / {config} schedule on CPU/Gloo: {type(e).__name__}: {e}")
 
-    optimizer = common.optimizer_for(stage_mod.parameters(), plan)
+
+def attach_capture(shim, optimizer, stage_mod, world: int, plan):
+    """The shim's step hooks (full gradient / parameters gathered), then clipping; returns the params function."""
 
     def gather(d):
         t0 = time.perf_counter()
@@ -215,47 +226,119 @@ def main():
             dist.all_reduce(sq)
             torch.nn.utils.clip_grads_with_norm_(ps, plan.max_grad_norm, sq.sqrt(), foreach=False)
         optimizer.register_step_pre_hook(clip)
+    return params
 
-    def rows(ids, T):
-        inp = torch.full((len(ids), T), pad, dtype=torch.long)
-        lab = torch.full((len(ids), T), ign, dtype=torch.long)
-        for i, x in enumerate(ids):
-            if x is None:
-                continue  # a row without targets
-            r = data._row(x)
-            n = len(r["tokens"])
-            inp[i, :n] = torch.tensor(r["tokens"], dtype=torch.long)
-            lab[i, :n] = torch.tensor(r["labels"], dtype=torch.long)
-        return inp, lab
+
+def rows(data, ids, T):
+    """The batch of `ids` right-padded to T (None: a row without targets): (input, labels)."""
+    pad, ign = data.pad_token, data.ignore_index
+    inp = torch.full((len(ids), T), pad, dtype=torch.long)
+    lab = torch.full((len(ids), T), ign, dtype=torch.long)
+    for i, x in enumerate(ids):
+        if x is None:
+            continue  # a row without targets
+        r = data._row(x)
+        n = len(r["tokens"])
+        inp[i, :n] = torch.tensor(r["tokens"], dtype=torch.long)
+        lab[i, :n] = torch.tensor(r["labels"], dtype=torch.long)
+    return inp, lab
+
+
+def window_layout(slots, real, correct: bool, A: int, B: int):
+    """(the batch's ids, None a padding row; the ids per schedule microbatch) of the config's window layout."""
+    if correct:
+        layout = [list(ids) + [None] * (B - len(ids)) for ids in slots]  # equal slots of B rows
+        return [i for ids in layout for i in ids], [list(ids) for ids in slots]
+    parts = torch.tensor_split(torch.arange(len(real)), A) if len(real) >= A else []
+    return real, [[real[j] for j in p.tolist()] for p in parts]
+
+
+def window_batch(data, slots, pad: str, max_len: int, correct: bool, A: int, B: int):
+    """The window's examples, its N, the ids per schedule microbatch and the padded batch (input, labels)."""
+    real = [i for ids in slots for i in ids]
+    n_r = torch.tensor([float(data.valid_targets(real))], dtype=torch.float64)  # D = 1: no DP group to reduce
+    N = int(round(float(n_r.item())))
+    T = max_len if pad == "max_len" else max(1, max((len(data._row(i)["tokens"]) for i in real), default=1))
+    ids_flat, chunk_ids = window_layout(slots, real, correct, A, B)
+    inp, lab = rows(data, ids_flat, T)
+    return real, N, chunk_ids, inp, lab
+
+
+def step_schedule(schedule, first: bool, last: bool, inp, lab):
+    """One schedule.step() of this stage; the last stage's losses (None elsewhere)."""
+    losses = [] if last else None
+    if first:
+        schedule.step(inp)
+    elif last:
+        schedule.step(target=lab, losses=losses)
+    else:
+        schedule.step()
+    return losses
+
+
+def tap_window(shim, u: int, A: int, last: bool, chunk_ids, seen):
+    """gradcert's S on the stack's logits (last stage) or the ids alone, per schedule microbatch."""
+    if last:
+        if len(seen) < A:
+            common.fail(f"update {u}: the schedule called loss_fn {len(seen)} times for {A} microbatches")
+        for ids, (logits, target, loss) in zip(chunk_ids, seen[-A:]):
+            shim.tap(ids, logits, target)  # gradcert's S on the stack's logits (rows without targets add 0)
+            shim.add_stack_loss(loss)
+    else:
+        for ids in chunk_ids:
+            shim.tap(ids, None, None)
+
+
+def share_last_stage(shim, last: bool, losses, N: int, correct: bool):
+    """The last stage's S and loss to every stage (all_reduce), and the window's N where the loss uses it."""
+    # the last stage's S and loss to every stage (rank<g>.json of every stage carries the DP rank's S)
+    t = torch.tensor([shim.S_r if last else 0.0, (sum(float(x.detach().double()) for x in losses)
+                                                  if last else 0.0)], dtype=torch.float64)
+    dist.all_reduce(t)
+    shim.S_r = float(t[0])
+    shim.saw_window_count(N if correct else None)
+    shim.pending_loss = float(t[1]) if correct else None
+
+
+def check_refused(refused: list, plan):
+    """Fails unless the refused windows are the last ones (the partial one)."""
+    if refused:
+        # NOTE: a refused window comes last (the partial one); common.Shim writes it as no step
+        if any(int(r.split()[1].rstrip(":")) != len(plan) - len(refused) + k for k, r in enumerate(refused)):
+            common.fail(f"the schedule refused a window that is not the last: {refused}")
+
+
+def main():
+    args = parse_args()
+    shim = common.Shim(STACK, args.config, packages=("torch",))
+    plan, data, run = shim.plan, shim.data, shim.run
+    correct = not args.config.endswith("-default")
+    check_plan(plan)
+    world = init_stages(plan)
+    pp, s = plan.pp, dist.get_rank()  # dp 1: the stage index is the global rank
+    first, last = s == 0, s == pp - 1
+    stage_mod, cuts = split_model(shim, s, pp)
+    names = [n for n, _ in stage_mod.named_parameters()]
+
+    D, A, B = plan.dp, plan.accum, plan.micro
+    max_len = int(plan.model_spec.get("max_len", 0)) or max(len(r["tokens"]) for r in data.samples.values())
+    N_box = [1]
+    seen = []  # (logits, target, loss) of every loss_fn call of this step
+    loss_fn = make_loss_fn(correct, data.ignore_index, D, N_box, seen)
+    schedule = make_schedule(stage_mod, s, pp, args.config, A, loss_fn, correct)
+    optimizer = common.optimizer_for(stage_mod.parameters(), plan)
+    params = attach_capture(shim, optimizer, stage_mod, world, plan)
 
     consumed = run.consumed(shim.dp_rank)
     refused = []
     for u in range(len(plan)):
-        slots = consumed[u]
-        real = [i for ids in slots for i in ids]
-        n_r = torch.tensor([float(data.valid_targets(real))], dtype=torch.float64)  # D = 1: no DP group to reduce
-        N = int(round(float(n_r.item())))
+        # chunk_ids: this step's ids per schedule microbatch
+        real, N, chunk_ids, inp, lab = window_batch(data, consumed[u], args.pad, max_len, correct, A, B)
         N_box[0] = N if N > 0 else 1
-        T = max_len if args.pad == "max_len" else max(1, max((len(data._row(i)["tokens"]) for i in real), default=1))
-        if correct:
-            layout = [list(ids) + [None] * (B - len(ids)) for ids in slots]  # equal slots of B rows
-            ids_flat = [i for ids in layout for i in ids]
-            chunk_ids[:] = [list(ids) for ids in slots]
-        else:
-            ids_flat = real
-            parts = torch.tensor_split(torch.arange(len(real)), A) if len(real) >= A else []
-            chunk_ids[:] = [[real[j] for j in p.tolist()] for p in parts]
-        inp, lab = rows(ids_flat, T)
         seen.clear()
         optimizer.zero_grad(set_to_none=True)
-        losses = [] if last else None
         try:
-            if first:
-                schedule.step(inp)
-            elif last:
-                schedule.step(target=lab, losses=losses)
-            else:
-                schedule.step()
+            losses = step_schedule(schedule, first, last, inp, lab)
         except (AssertionError, ValueError) as e:
             if "smaller than num_chunks" not in str(e) and "arg_mbs but got" not in str(e):
                 raise
@@ -268,29 +351,12 @@ def main():
             shim.micro = []
             shim.S_r, shim.stack_loss = 0.0, 0.0
             continue
-        if last:
-            if len(seen) < A:
-                common.fail(f"update {u}: the schedule called loss_fn {len(seen)} times for {A} microbatches")
-            for ids, (logits, target, loss) in zip(chunk_ids, seen[-A:]):
-                shim.tap(ids, logits, target)  # gradcert's S on the stack's logits (rows without targets add 0)
-                shim.add_stack_loss(loss)
-        else:
-            for ids in chunk_ids:
-                shim.tap(ids, None, None)
-        # the last stage's S and loss to every stage (rank<g>.json of every stage carries the DP rank's S)
-        t = torch.tensor([shim.S_r if last else 0.0, (sum(float(x.detach().double()) for x in losses)
-                                                      if last else 0.0)], dtype=torch.float64)
-        dist.all_reduce(t)
-        shim.S_r = float(t[0])
-        shim.saw_window_count(N if correct else None)
-        shim.pending_loss = float(t[1]) if correct else None
+        tap_window(shim, u, A, last, chunk_ids, seen)
+        share_last_stage(shim, last, losses, N, correct)
         optimizer.step()
         if shim.steps != u + 1 - len(refused):
             common.fail("the optimizer hooks did not record this step")
-    if refused:
-        # NOTE: a refused window comes last (the partial one); common.Shim writes it as no step
-        if any(int(r.split()[1].rstrip(":")) != len(plan) - len(refused) + k for k, r in enumerate(refused)):
-            common.fail(f"the schedule refused a window that is not the last: {refused}")
+    check_refused(refused, plan)
 
     facts = [f"torch {torch.__version__} pipelining: manual PipelineStage x {pp}, "
              f"{'ScheduleGPipe' if args.config.startswith('gpipe') else 'Schedule1F1B'}, n_microbatches={A}, "

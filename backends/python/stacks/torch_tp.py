@@ -145,27 +145,32 @@ def clip_global_norm(params, max_norm: float):
             g.mul_(coef)
 
 
-def main():
+def parse_args():
+    """The command line: --config and --qkv."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", choices=CONFIGS, default="default")
     ap.add_argument("--qkv", choices=("heads", "naive"), default="heads",
                     help="heads: permute qkv rows per head before ColwiseParallel (NOTE [qkv split]); naive: a plain "
                          "ColwiseParallel of qkv (mixes q / k / v across ranks: a planted shim bug gradcert must catch)")
-    args = ap.parse_args()
-    shim = common.Shim(STACK, args.config, packages=("torch",))
-    plan, data, run = shim.plan, shim.data, shim.run
-    fsdp = args.config.startswith("fsdp2")
-    token_global = args.config in ("token-global", "fsdp2-tp")
+    return ap.parse_args()
+
+
+def check_plan(plan, config: str, fsdp: bool):
+    """Fails on a topology or dtype the config does not run: tp >= 2, no pp, dp 1 without FSDP2, no bfloat16."""
     if plan.pp != 1:
         common.fail(f"the torch TP shim has no pipeline stages; the plan has pp={plan.pp}")
     if plan.tp < 2:
-        common.fail(f"config {args.config}: the plan has tp={plan.tp}; run with --tp 2 (or more)")
+        common.fail(f"config {config}: the plan has tp={plan.tp}; run with --tp 2 (or more)")
     if not fsdp and plan.dp != 1:
-        common.fail(f"config {args.config} is TP only (1-D mesh); the plan has dp={plan.dp}: "
+        common.fail(f"config {config} is TP only (1-D mesh); the plan has dp={plan.dp}: "
                     f"use --config fsdp2-tp for dp x tp, or run with --world {plan.tp} --tp {plan.tp}")
     if plan.dtype == torch.bfloat16:
         common.fail("bfloat16 needs fp32 master weights the shim does not keep: run float64 or float32")
 
+
+def init_mesh(shim, fsdp: bool):
+    """The Gloo process group and the DeviceMesh: (mesh, tp_mesh, dp_mesh, dp_group); dp_* None without FSDP2."""
+    plan = shim.plan
     timeout = float(plan.spec.get("timeout", {}).get("collective_s", 60)) or 60.0
     dist.init_process_group(backend="gloo", init_method="env://", timeout=timedelta(seconds=timeout))
     world, rank = dist.get_world_size(), dist.get_rank()
@@ -183,7 +188,12 @@ def main():
             tp_mesh, dp_mesh, dp_group = mesh, None, None
     except Exception as e:
         common.skip(f"init_device_mesh('cpu', ...) on Gloo: {type(e).__name__}: {e}")
+    return mesh, tp_mesh, dp_mesh, dp_group
 
+
+def build_parallel_model(shim, qkv: str, tp_mesh, dp_mesh, fsdp: bool):
+    """The plan's tiny LM, qkv permuted, TP-parallelized (+ fully_shard): (model, inverse permutation, qkv names)."""
+    plan = shim.plan
     torch.manual_seed(int(plan.spec.get("seed", 0)))
     model = shim.build_model()
     blocks = getattr(model, "blocks", None)
@@ -195,7 +205,7 @@ def main():
     heads = blocks[0].heads
     if heads % plan.tp or d % plan.tp or blocks[0].fc.out_features % plan.tp:
         common.fail(f"heads {heads}, d_model {d}, d_ff {blocks[0].fc.out_features} must be divisible by tp={plan.tp}")
-    perm = qkv_permutation(d, plan.tp) if args.qkv == "heads" else torch.arange(3 * d)
+    perm = qkv_permutation(d, plan.tp) if qkv == "heads" else torch.arange(3 * d)
     inv = torch.argsort(perm)
     qkv_names = {f"blocks.{i}.qkv.weight" for i in range(len(blocks))}
     with torch.no_grad():
@@ -215,8 +225,11 @@ def main():
             fully_shard(model, mesh=dp_mesh)
     except Exception as e:
         common.skip(f"parallelize_module / fully_shard on CPU/Gloo: {type(e).__name__}: {e}")
-    names = [n for n, _ in model.named_parameters()]
-    optimizer = common.optimizer_for(model.parameters(), plan)
+    return model, inv, qkv_names
+
+
+def attach_capture(shim, optimizer, model, inv, qkv_names):
+    """The shim's step hooks (full, qkv un-permuted tensors), then clipping; returns the params function."""
 
     def canon(n, t):
         t = full(t)
@@ -232,49 +245,70 @@ def main():
     def params():
         return {n: canon(n, p.detach()) for n, p in model.named_parameters()}
 
+    plan = shim.plan
     shim.attach(optimizer, grads, params)  # capture first, then clip (pre-clip artifact)
     if plan.max_grad_norm > 0:
         optimizer.register_step_pre_hook(lambda *_: clip_global_norm(list(model.parameters()), plan.max_grad_norm))
+    return params
 
-    D, A = plan.dp, plan.accum
-    ign = data.ignore_index
+
+def train_window(shim, model, optimizer, ids_per_slot, dp_group, token_global: bool, fsdp: bool):
+    """One window: N all-reduced over the DP group, each microstep's forward and backward, optimizer.step()."""
+    plan, data = shim.plan, shim.data
+    D, A, ign = plan.dp, plan.accum, data.ignore_index
+    batches = [data.collate(ids) for ids in ids_per_slot]
+    n_r = torch.tensor([float(sum(b.valid_targets for b in batches if b is not None))], dtype=torch.float64)
+    if dp_group is not None:
+        dist.all_reduce(n_r, group=dp_group)
+    N = int(round(float(n_r.item())))
+    shim.saw_window_count(N if token_global else None)
+    optimizer.zero_grad(set_to_none=True)
+    S_loop = 0.0
+    for a, b in enumerate(batches):
+        if b is None:
+            shim.tap([], None, None)
+            if not fsdp:
+                continue  # every TP peer has the same (empty) slot: no collective to join
+            inp, lab, _ = data.dummy_batch()  # NOTE [empty microbatch] in testbed/trainer.py
+            logits = model(inp)
+            (F.cross_entropy(logits.reshape(-1, logits.size(-1)), lab.reshape(-1), ignore_index=ign,
+                             reduction="sum") * 0.0).backward()
+            continue
+        logits = model(b.input)
+        shim.tap(ids_per_slot[a], logits, b.labels)
+        flat, tgt = logits.reshape(-1, logits.size(-1)), b.labels.reshape(-1)
+        if token_global:
+            S = F.cross_entropy(flat, tgt, ignore_index=ign, reduction="sum")
+            loss = S * D / N
+            S_loop += float(S.detach().double())
+        else:
+            loss = F.cross_entropy(flat, tgt, ignore_index=ign) / A
+        shim.add_stack_loss(loss)
+        loss.backward()
+    if token_global:
+        s = torch.tensor([S_loop], dtype=torch.float64)
+        if dp_group is not None:
+            dist.all_reduce(s, group=dp_group)
+        shim.pending_loss = float(s.item()) / N if N > 0 else 0.0
+    optimizer.step()
+
+
+def main():
+    args = parse_args()
+    shim = common.Shim(STACK, args.config, packages=("torch",))
+    plan, run = shim.plan, shim.run
+    fsdp = args.config.startswith("fsdp2")
+    token_global = args.config in ("token-global", "fsdp2-tp")
+    check_plan(plan, args.config, fsdp)
+    mesh, tp_mesh, dp_mesh, dp_group = init_mesh(shim, fsdp)
+    model, inv, qkv_names = build_parallel_model(shim, args.qkv, tp_mesh, dp_mesh, fsdp)
+    names = [n for n, _ in model.named_parameters()]
+    optimizer = common.optimizer_for(model.parameters(), plan)
+    params = attach_capture(shim, optimizer, model, inv, qkv_names)
+
     consumed = run.consumed(shim.dp_rank)
     for u in range(len(plan)):
-        batches = [data.collate(ids) for ids in consumed[u]]
-        n_r = torch.tensor([float(sum(b.valid_targets for b in batches if b is not None))], dtype=torch.float64)
-        if dp_group is not None:
-            dist.all_reduce(n_r, group=dp_group)
-        N = int(round(float(n_r.item())))
-        shim.saw_window_count(N if token_global else None)
-        optimizer.zero_grad(set_to_none=True)
-        S_loop = 0.0
-        for a, b in enumerate(batches):
-            if b is None:
-                shim.tap([], None, None)
-                if not fsdp:
-                    continue  # every TP peer has the same (empty) slot: no collective to join
-                inp, lab, _ = data.dummy_batch()  # NOTE [empty microbatch] in testbed/trainer.py
-                logits = model(inp)
-                (F.cross_entropy(logits.reshape(-1, logits.size(-1)), lab.reshape(-1), ignore_index=ign,
-                                 reduction="sum") * 0.0).backward()
-                continue
-            logits = model(b.input)
-            shim.tap(consumed[u][a], logits, b.labels)
-            flat, tgt = logits.reshape(-1, logits.size(-1)), b.labels.reshape(-1)
-            if token_global:
-                S = F.cross_entropy(flat, tgt, ignore_index=ign, reduction="sum")
-                loss = S * D / N
-                S_loop += float(S.detach().double())
-            else:
-                loss = F.cross_entropy(flat, tgt, ignore_index=ign) / A
-            shim.add_stack_loss(loss)
-            loss.backward()
-        if token_global:
-            s = torch.tensor([S_loop], dtype=torch.float64)
-            if dp_group is not None:
-                dist.all_reduce(s, group=dp_group)
-            shim.pending_loss = float(s.item()) / N if N > 0 else 0.0
-        optimizer.step()
+        train_window(shim, model, optimizer, consumed[u], dp_group, token_global, fsdp)
 
     facts = [f"torch {torch.__version__} DTensor TP (parallelize_module: qkv/fc colwise, proj/fc_out rowwise) "
              f"on Gloo, mesh {tuple(mesh.mesh.shape)} {mesh.mesh_dim_names}",

@@ -55,6 +55,7 @@ import json
 import os
 import sys
 import time
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -315,6 +316,206 @@ def freeze(model, plan: client.Plan):
     return model
 
 
+@dataclass
+class _Job:
+    """What every step of run_reference reads: the run's plan and data, the factory, the folders."""
+
+    run_dir: str
+    plan: client.Plan
+    data: client.Dataset
+    out: str
+    factory: str | None
+    fname: str
+    vocab: int
+    init: str
+
+    def build(self, dtype) -> torch.nn.Module:
+        """A fresh model of the factory, loaded from the initial weights in `dtype`."""
+        m = factory_mod.build(self.factory, int(self.plan.model_spec["vocab"]), int(self.plan.model_spec["max_len"]),
+                              spec=self.plan.model_spec, search_dirs=[self.run_dir])
+        client.load_weights(m, self.init, dtype)
+        return m
+
+
+def _open_job(run_dir: str, factory: str | None, out: str | None, init: str | None) -> _Job:
+    """Reads the run folder, creates the output folder and resolves the factory."""
+    run = client.Run.from_dir(run_dir)
+    plan = run.plan
+    out = out or os.path.join(run_dir, "reference")
+    os.makedirs(out, exist_ok=True)
+    factory = factory or plan.factory
+    return _Job(run_dir, plan, run.dataset, out, factory, factory or factory_mod.BUILTIN,
+                int(plan.model_spec["vocab"]), init or run.init_path)
+
+
+def _reference_model(job: _Job) -> torch.nn.Module:
+    """The float64 model the reference steps (frozen parameters kept frozen), in train mode."""
+    model = job.build(F64)
+    freeze(model, job.plan)
+    model.train()
+    return model
+
+
+def _check_precision(job: _Job, model, slots_all: list, log) -> dict:
+    """The precision probe on the first non-empty microbatch; warns through `log` below float64."""
+    first = next((ids for u in slots_all for r in u for ids in r if ids), None)
+    precision = probe_precision(model, job.data.collate(first[:1])) if first else {"float64_throughout": None}
+    if precision.get("float64_throughout") is False and log:
+        log(f"gradcert reference: WARNING: model factory '{job.fname}' computes below float64 "
+            f"(see manifest precision): {precision['lower_precision_modules'][:3]} "
+            f"{precision['lower_precision_ops'][:3]}")
+    return precision
+
+
+def _window_gradient(job: _Job, model, ids: list):
+    """(loss, N, grads) of the window's concatenated batch: one backward of L = S / N."""
+    data = job.data
+    batch = data.collate(ids)
+    N = batch.valid_targets if batch is not None else 0
+    model.zero_grad(set_to_none=True)
+    loss = 0.0
+    if batch is not None and N > 0:
+        L = loss_sum(model, batch, data.ignore_index, job.fname, job.vocab) / N
+        L.backward()
+        loss = float(L.detach())
+    return loss, N, _grads(model)
+
+
+def _write_pieces(job: _Job, u: int, at, slots: list, N: int) -> dict:
+    """Writes u<k>.pieces.*: per (DP rank, microstep) the gradient of its loss sum at `at`'s parameters."""
+    data = job.data
+    ptensors, pmeta = {}, []
+    for r, per_rank in enumerate(slots):
+        for a, mb in enumerate(per_rank):
+            at.zero_grad(set_to_none=True)
+            b = data.collate(mb)
+            S = 0.0
+            if b is not None:
+                s = loss_sum(at, b, data.ignore_index, job.fname, job.vocab)
+                s.backward()
+                S = float(s.detach())
+            for n, g in _grads(at).items():
+                ptensors[f"r{r}.a{a}.{n}"] = g
+            n_ra = b.valid_targets if b is not None else 0
+            rows = data.rows_with_targets(mb)
+            pmeta.append({"dp_rank": r, "micro": a, "ids": list(mb), "loss_sum": S, "valid_targets": n_ra,
+                          "rows_with_targets": rows, "unshifted_targets": n_ra + rows})
+    at.zero_grad(set_to_none=True)
+    client.write_tensors(os.path.join(job.out, f"u{u}.pieces.safetensors"), ptensors, F64, u)
+    client.write_json(os.path.join(job.out, f"u{u}.pieces.json"),
+                      {"schema": "gradcert.pieces/1", "update": u, "dp": job.plan.dp, "accum": job.plan.accum,
+                       "partial": job.plan.partial(u), "valid_targets": N, "pieces": pmeta,
+                       "tensors": "r<dp_rank>.a<micro>.<param>: grad of the piece's loss sum S_{r,a}"})
+    return {"pieces": f"u{u}.pieces.safetensors", "pieces_json": f"u{u}.pieces.json"}
+
+
+class _Forcing:
+    """With --pieces-at: pmodel at the stack's parameters, the teacher-forced routes, the free second route."""
+
+    def __init__(self, job: _Job, pieces_at: str):
+        self.job, self.pieces_at = job, pieces_at
+        plan = job.plan
+        self.pmodel = job.build(F64)
+        freeze(self.pmodel, plan)
+        self.pmodel.train()
+        stack_manifest = os.path.join(pieces_at, "manifest.json")
+        try:
+            with open(stack_manifest) as f:
+                self.stack_updates = json.load(f)["updates"]
+        except (OSError, ValueError, KeyError) as e:
+            raise client.ProtocolError(f"{stack_manifest}: cannot be read for --pieces-at: {e}") from e
+
+        # Teacher forcing and noise floors (NOTE [teacher forcing], NOTE [noise floor] in
+        # conformance/model/reference.cpp): with the
+        # stack's parameters (pieces_at), update u is also computed at the stack's parameters after
+        # update u-1 ("forced": the gradient there and one step from there), and each update a
+        # second, mathematically equal way: per-microbatch pieces in float64 runs, the
+        # concatenated batch in the run's dtype otherwise; the distance is the update's floor.
+        run_dtype = plan.dtype
+        route_dtype, route_pieces = (F64, True) if run_dtype == F64 else (run_dtype, False)
+        self.free_b = self._route(route_dtype, route_pieces)
+        self.forced_a = Route(self.pmodel, F64, False, plan, plan.max_grad_norm)
+        self.forced_b = self._route(route_dtype, route_pieces)
+        self.initial_params = {n: p.detach().clone() for n, p in self.pmodel.named_parameters()}
+        self.fb_loss, self.fb_grads = None, None
+
+    def _route(self, dtype, pieces_route: bool) -> Route:
+        """A fresh model in `dtype` stepped as a Route (the second route of the noise floor)."""
+        m = self.job.build(dtype)
+        m.train()
+        return Route(m, dtype, pieces_route, self.job.plan, self.job.plan.max_grad_norm)
+
+    def stand_at_stack(self, u: int):
+        """pmodel at the stack's parameters after update u-1 (update 0: the initial weights)."""
+        if u > 0:  # the stack's parameters after update u-1
+            stack_updates, pieces_at = self.stack_updates, self.pieces_at
+            path = os.path.join(pieces_at, str(stack_updates[u - 1]["params"]))
+            try:
+                stack_params = client.load_stack_tensors(pieces_at, stack_updates[u - 1]["params"])
+            except Exception as e:
+                raise client.ProtocolError(f"{path}: cannot be read for --pieces-at: {e}") from e
+            with torch.no_grad():
+                for n, q in self.pmodel.named_parameters():
+                    if n not in stack_params:
+                        raise client.ProtocolError(f"{path}: no tensor '{n}'")
+                    q.copy_(stack_params[n].to(F64))
+        return self.pmodel
+
+    def forced(self, u: int, ids: list, slots: list) -> dict:
+        """Update u teacher-forced (written as u<k>.forced.*) with its floor; then the free second route's step."""
+        job, data, fname, vocab = self.job, self.job.data, self.job.fname, self.job.vocab
+        forced_a, forced_b = self.forced_a, self.forced_b
+        # pmodel stands at the stack's parameters after update u-1 (update 0: the initial weights).
+        at_params = self.initial_params if u == 0 else \
+            {n: q.detach().clone() for n, q in self.pmodel.named_parameters()}
+        where = f"{self.pieces_at}: update {u - 1} parameters"
+        f_loss, f_N, f_grads = forced_a.evaluate(data, ids, slots, fname, vocab)
+        forced_a.load(at_params, where)  # evaluate() keeps the parameters; step from them
+        forced_a.step(u, f_grads)
+        f_params = forced_a.params()
+        forced_b.load(at_params, where)
+        b_loss, _, b_grads = forced_b.evaluate(data, ids, slots, fname, vocab)
+        forced_b.step(u, b_grads)
+        client.write_tensors(os.path.join(job.out, f"u{u}.forced.grads.safetensors"), f_grads, F64, u)
+        client.write_tensors(os.path.join(job.out, f"u{u}.forced.params.safetensors"), f_params, F64, u)
+        entry = {"loss": f_loss, "valid_targets": f_N, "grads": f"u{u}.forced.grads.safetensors",
+                 "params": f"u{u}.forced.params.safetensors",
+                 "floor": floor_between(b_grads, b_loss, forced_b.params(), f_grads, f_loss, f_params)}
+        self.fb_loss, _, self.fb_grads = self.free_b.evaluate(data, ids, slots, fname, vocab)
+        self.free_b.step(u, self.fb_grads)
+        return entry
+
+    def free_floor(self, grads: dict, loss: float, model) -> dict:
+        """The free-running trajectory's floor: the second route's update against the reference's."""
+        return floor_between(self.fb_grads, self.fb_loss, self.free_b.params(), grads, loss,
+                             {n: p.detach() for n, p in model.named_parameters()})
+
+
+def _step_reference(model, plan: client.Plan, u: int, grads: dict, coef: float, slots_state: dict):
+    """The protocol's optimizer step of update u on the reference model (the gradient scaled by `coef`)."""
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if not p.requires_grad:
+                continue
+            g = grads[n] if coef == 1.0 else grads[n] * coef
+            optimizer_step(plan.hyper(u, n), u + 1, p, g, slots_state[n])
+
+
+def _write_manifest(job: _Job, updates: list, ids_from_ranks, pieces: bool, forcing, precision: dict) -> dict:
+    """Writes manifest.json of the reference's updates; returns it."""
+    plan = job.plan
+    manifest = client.manifest_json(
+        BACKEND, 1, updates, client.versions(BACKEND, {"factory": job.fname}),
+        notes="float64 reference, one process, one concatenated batch per window; loss = sum of token "
+              "cross-entropies over valid targets / N (gradcert's, not the model's)",
+        reference={"factory": job.fname, "dtype": "float64", "ids": "rank files" if ids_from_ranks else "plan",
+                   "dp": plan.dp, "accum": plan.accum, "max_grad_norm": plan.max_grad_norm, "pieces": pieces,
+                   "pieces_at": "stack" if forcing is not None else "reference"},
+        precision=precision)
+    client.write_json(os.path.join(job.out, "manifest.json"), manifest)
+    return manifest
+
+
 def run_reference(run_dir: str, factory: str | None = None, out: str | None = None, init: str | None = None,
                   pieces: bool = True, ids_from_ranks: bool = False, log=None, pieces_at: str | None = None) -> dict:
     """Writes the reference artifacts into `out` (default run_dir/reference); returns the manifest.
@@ -325,163 +526,39 @@ def run_reference(run_dir: str, factory: str | None = None, out: str | None = No
     teacher forcing: whatever the stack did to earlier updates, the diagnosis of update u
     judges the gradient it computed from where it stood. Without it the pieces are at the
     reference's own parameters, valid only while the stack has not diverged."""
-    run = client.Run.from_dir(run_dir)
-    plan, data = run.plan, run.dataset
-    out = out or os.path.join(run_dir, "reference")
-    os.makedirs(out, exist_ok=True)
-    factory = factory or plan.factory
-    fname = factory or factory_mod.BUILTIN
-    model = factory_mod.build(factory, int(plan.model_spec["vocab"]), int(plan.model_spec["max_len"]),
-                              spec=plan.model_spec, search_dirs=[run_dir])
-    client.load_weights(model, init or run.init_path, F64)
-    freeze(model, plan)
-    vocab = int(plan.model_spec["vocab"])
-    model.train()
+    job = _open_job(run_dir, factory, out, init)
+    plan = job.plan
+    model = _reference_model(job)
     ranks_dir = ids_from_ranks if isinstance(ids_from_ranks, str) else run_dir
     slots_all = _ids_from_ranks(ranks_dir, plan) if ids_from_ranks else \
         [[plan.ids(u, r) for r in range(plan.dp)] for u in range(len(plan))]
-
-    first = next((ids for u in slots_all for r in u for ids in r if ids), None)
-    precision = probe_precision(model, data.collate(first[:1])) if first else {"float64_throughout": None}
-    if precision.get("float64_throughout") is False and log:
-        log(f"gradcert reference: WARNING: model factory '{fname}' computes below float64 "
-            f"(see manifest precision): {precision['lower_precision_modules'][:3]} {precision['lower_precision_ops'][:3]}")
-
-    pmodel = None
-    if pieces and pieces_at:
-        pmodel = factory_mod.build(factory, int(plan.model_spec["vocab"]), int(plan.model_spec["max_len"]),
-                                   spec=plan.model_spec, search_dirs=[run_dir])
-        client.load_weights(pmodel, init or run.init_path, F64)
-        freeze(pmodel, plan)
-        pmodel.train()
-        stack_manifest = os.path.join(pieces_at, "manifest.json")
-        try:
-            with open(stack_manifest) as f:
-                stack_updates = json.load(f)["updates"]
-        except (OSError, ValueError, KeyError) as e:
-            raise client.ProtocolError(f"{stack_manifest}: cannot be read for --pieces-at: {e}") from e
-
-    max_norm = plan.max_grad_norm
+    precision = _check_precision(job, model, slots_all, log)
+    forcing = _Forcing(job, pieces_at) if pieces and pieces_at else None
     slots_state = {n: {} for n, _ in model.named_parameters()}
-
-    # Teacher forcing and noise floors (NOTE [teacher forcing], NOTE [noise floor] in
-    # conformance/model/reference.cpp): with the
-    # stack's parameters (pieces_at), update u is also computed at the stack's parameters after
-    # update u-1 ("forced": the gradient there and one step from there), and each update a
-    # second, mathematically equal way: per-microbatch pieces in float64 runs, the
-    # concatenated batch in the run's dtype otherwise; the distance is the update's floor.
-    run_dtype = plan.dtype
-    route_dtype, route_pieces = (F64, True) if run_dtype == F64 else (run_dtype, False)
-
-    def build_route(dtype, pieces_route):
-        m = factory_mod.build(factory, int(plan.model_spec["vocab"]), int(plan.model_spec["max_len"]),
-                              spec=plan.model_spec, search_dirs=[run_dir])
-        client.load_weights(m, init or run.init_path, dtype)
-        m.train()
-        return Route(m, dtype, pieces_route, plan, max_norm)
-
-    free_b = build_route(route_dtype, route_pieces) if pmodel is not None else None
-    forced_a = Route(pmodel, F64, False, plan, max_norm) if pmodel is not None else None
-    forced_b = build_route(route_dtype, route_pieces) if pmodel is not None else None
-    initial_params = {n: p.detach().clone() for n, p in pmodel.named_parameters()} if pmodel is not None else None
     updates = []
     for u in range(len(plan)):
         t0 = time.perf_counter()
         slots = slots_all[u]
         ids = [i for r in slots for mb in r for i in mb] if ids_from_ranks else list(plan.window(u)["ids"])
-        batch = data.collate(ids)
-        N = batch.valid_targets if batch is not None else 0
-        model.zero_grad(set_to_none=True)
-        loss = 0.0
-        if batch is not None and N > 0:
-            L = loss_sum(model, batch, data.ignore_index, fname, vocab) / N
-            L.backward()
-            loss = float(L.detach())
-        grads = _grads(model)
+        loss, N, grads = _window_gradient(job, model, ids)
         entry = {"update": u, "loss": loss, "valid_targets": N, "plan_valid_targets": plan.window_targets(u),
                  "grads": f"u{u}.grads.safetensors", "params": f"u{u}.params.safetensors"}
         if pieces:
-            ptensors, pmeta = {}, []
-            at = model
-            if pmodel is not None:
-                at = pmodel
-                if u > 0:  # the stack's parameters after update u-1
-                    path = os.path.join(pieces_at, str(stack_updates[u - 1]["params"]))
-                    try:
-                        stack_params = client.load_stack_tensors(pieces_at, stack_updates[u - 1]["params"])
-                    except Exception as e:
-                        raise client.ProtocolError(f"{path}: cannot be read for --pieces-at: {e}") from e
-                    with torch.no_grad():
-                        for n, q in pmodel.named_parameters():
-                            if n not in stack_params:
-                                raise client.ProtocolError(f"{path}: no tensor '{n}'")
-                            q.copy_(stack_params[n].to(F64))
-            for r, per_rank in enumerate(slots):
-                for a, mb in enumerate(per_rank):
-                    at.zero_grad(set_to_none=True)
-                    b = data.collate(mb)
-                    S = 0.0
-                    if b is not None:
-                        s = loss_sum(at, b, data.ignore_index, fname, vocab)
-                        s.backward()
-                        S = float(s.detach())
-                    for n, g in _grads(at).items():
-                        ptensors[f"r{r}.a{a}.{n}"] = g
-                    n_ra = b.valid_targets if b is not None else 0
-                    rows = data.rows_with_targets(mb)
-                    pmeta.append({"dp_rank": r, "micro": a, "ids": list(mb), "loss_sum": S, "valid_targets": n_ra,
-                                  "rows_with_targets": rows, "unshifted_targets": n_ra + rows})
-            at.zero_grad(set_to_none=True)
-            client.write_tensors(os.path.join(out, f"u{u}.pieces.safetensors"), ptensors, F64, u)
-            client.write_json(os.path.join(out, f"u{u}.pieces.json"),
-                              {"schema": "gradcert.pieces/1", "update": u, "dp": plan.dp, "accum": plan.accum,
-                               "partial": plan.partial(u), "valid_targets": N, "pieces": pmeta,
-                               "tensors": "r<dp_rank>.a<micro>.<param>: grad of the piece's loss sum S_{r,a}"})
-            entry.update({"pieces": f"u{u}.pieces.safetensors", "pieces_json": f"u{u}.pieces.json"})
-        if pmodel is not None:
-            # pmodel stands at the stack's parameters after update u-1 (update 0: the initial weights).
-            at_params = initial_params if u == 0 else {n: q.detach().clone() for n, q in pmodel.named_parameters()}
-            where = f"{pieces_at}: update {u - 1} parameters"
-            f_loss, f_N, f_grads = forced_a.evaluate(data, ids, slots, fname, vocab)
-            forced_a.load(at_params, where)  # evaluate() keeps the parameters; step from them
-            forced_a.step(u, f_grads)
-            f_params = forced_a.params()
-            forced_b.load(at_params, where)
-            b_loss, _, b_grads = forced_b.evaluate(data, ids, slots, fname, vocab)
-            forced_b.step(u, b_grads)
-            client.write_tensors(os.path.join(out, f"u{u}.forced.grads.safetensors"), f_grads, F64, u)
-            client.write_tensors(os.path.join(out, f"u{u}.forced.params.safetensors"), f_params, F64, u)
-            entry["forced"] = {"loss": f_loss, "valid_targets": f_N, "grads": f"u{u}.forced.grads.safetensors",
-                               "params": f"u{u}.forced.params.safetensors",
-                               "floor": floor_between(b_grads, b_loss, forced_b.params(), f_grads, f_loss, f_params)}
-            fb_loss, _, fb_grads = free_b.evaluate(data, ids, slots, fname, vocab)
-            free_b.step(u, fb_grads)
-        total, coef = clip_coefficient(grads, max_norm)
+            at = forcing.stand_at_stack(u) if forcing is not None else model
+            entry.update(_write_pieces(job, u, at, slots, N))
+        if forcing is not None:
+            entry["forced"] = forcing.forced(u, ids, slots)
+        total, coef = clip_coefficient(grads, plan.max_grad_norm)
         entry.update({"grad_norm": total, "clip_coef": coef})
-        with torch.no_grad():
-            for n, p in model.named_parameters():
-                if not p.requires_grad:
-                    continue
-                g = grads[n] if coef == 1.0 else grads[n] * coef
-                optimizer_step(plan.hyper(u, n), u + 1, p, g, slots_state[n])
-        if free_b is not None:
-            entry["floor"] = floor_between(fb_grads, fb_loss, free_b.params(), grads, loss,
-                                           {n: p.detach() for n, p in model.named_parameters()})
+        _step_reference(model, plan, u, grads, coef, slots_state)
+        if forcing is not None:
+            entry["floor"] = forcing.free_floor(grads, loss, model)
         entry["step_seconds"] = time.perf_counter() - t0
-        client.write_tensors(os.path.join(out, entry["grads"]), grads, F64, u)
-        client.write_tensors(os.path.join(out, entry["params"]),
+        client.write_tensors(os.path.join(job.out, entry["grads"]), grads, F64, u)
+        client.write_tensors(os.path.join(job.out, entry["params"]),
                              {n: p.detach() for n, p in model.named_parameters()}, F64, u)
         updates.append(entry)
-    manifest = client.manifest_json(
-        BACKEND, 1, updates, client.versions(BACKEND, {"factory": fname}),
-        notes="float64 reference, one process, one concatenated batch per window; loss = sum of token "
-              "cross-entropies over valid targets / N (gradcert's, not the model's)",
-        reference={"factory": fname, "dtype": "float64", "ids": "rank files" if ids_from_ranks else "plan",
-                   "dp": plan.dp, "accum": plan.accum, "max_grad_norm": max_norm, "pieces": pieces,
-                   "pieces_at": "stack" if pmodel is not None else "reference"},
-        precision=precision)
-    client.write_json(os.path.join(out, "manifest.json"), manifest)
-    return manifest
+    return _write_manifest(job, updates, ids_from_ranks, pieces, forcing, precision)
 
 
 def main(argv=None):

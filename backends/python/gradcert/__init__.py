@@ -19,7 +19,7 @@ bugs and the bug catalog are the test bed (backends/python/testbed/), not instal
 import os as _os
 
 #: The environment variable `gradcert observe` sets for its job (gradcert.observe reads it too).
-ENV_DIR = "GRADCERT_OBSERVE_DIR"
+from ._env import OBSERVE_DIR as ENV_DIR  # noqa: E402
 
 
 def observing() -> bool:

@@ -46,10 +46,10 @@ from ._observe_hooks import (  # noqa: F401  (install_loss_wrapper: gradcert/__i
 from ._observe_facts import _importable_elsewhere
 from .ref import client
 
-from . import ENV_DIR, observing  # noqa: E402,F401  (defined once, in gradcert/__init__.py)
-ENV_UPDATES = "GRADCERT_OBSERVE_UPDATES"
-ENV_KEEP_DROPOUT = "GRADCERT_OBSERVE_KEEP_DROPOUT"
-ENV_DEVICE = "GRADCERT_DEVICE"
+from . import ENV_DIR, observing  # noqa: E402,F401  (gradcert/_env.py, the one list)
+from ._env import DEVICE as ENV_DEVICE  # noqa: E402
+from ._env import OBSERVE_KEEP_DROPOUT as ENV_KEEP_DROPOUT  # noqa: E402
+from ._env import OBSERVE_UPDATES as ENV_UPDATES  # noqa: E402
 SCHEMA_RANK = "gradcert.observed-rank/1"
 SCHEMA_JOB = "gradcert.observed/1"
 SUPPORTED_OPTIMIZERS = {"SGD": "sgd", "Adam": "adam", "AdamW": "adamw"}

@@ -28,6 +28,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from gradcert import _env
 from gradcert.ref import PROTOCOL_VERSION  # noqa: F401
 from gradcert.ref import client
 from gradcert.ref import factory as factory_mod
@@ -85,7 +86,7 @@ def device() -> torch.device:
     """The adapters' side of NOTE [device] (conformance/launch/cuda_probe.cpp): GRADCERT_DEVICE
     cpu (default) or cuda, the latter cuda:<LOCAL_RANK mod the GPUs present>. Read once per
     process (the loop asks per microbatch)."""
-    d = os.environ.get("GRADCERT_DEVICE", "cpu") or "cpu"
+    d = os.environ.get(_env.DEVICE, "cpu") or "cpu"
     if d == "cpu":
         return torch.device("cpu")
     if d != "cuda":
@@ -269,7 +270,7 @@ def add_common_args(ap: argparse.ArgumentParser):
                     help="plant a bug (for gradcert's own tests): " +
                          "; ".join(f"{k} = {v}" for k, v in mutants.MUTANTS.items()))
     ap.add_argument("--wrong", dest="mutant", choices=list(mutants.MUTANTS), help=argparse.SUPPRESS)  # deprecated
-    ap.add_argument("--optim", choices=["torch", "hand"], default=os.environ.get("GRADCERT_PY_OPTIM", "torch"),
+    ap.add_argument("--optim", choices=["torch", "hand"], default=os.environ.get(_env.PY_OPTIM, "torch"),
                     help="torch.optim SGD/AdamW (default) or the elementwise hand-written copy of model.cpp")
 
 
@@ -277,23 +278,9 @@ def backend_name(adapter: str, mutant: str | None) -> str:
     return adapter + (f"+mutant={mutant}" if mutant else "")
 
 
-def train(run: client.Run, rank: int, world: int, model: nn.Module, strategy: Strategy, optimizer,
-          writer: client.ArtifactWriter, mutant: str | None = None, masters: dict | None = None):
-    """The protocol's loop: per update, N by all-reducing the local valid-target counts,
-    backward of D*S_{r,a}/N per microstep (the wrapper averages over D and the microsteps
-    accumulate; `mutant` changes the scale, see testbed/mutants.py), one optimizer
-    step, artifacts. The reduced gradient is captured by a client.GradRecorder in the
-    optimizer's step pre-hook; `optimizer.max_grad_norm` > 0 clips in a later pre-hook
-    (the artifact stays pre-clip). `masters` (bf16): name -> (param, fp32 master); the
-    optimizer steps the masters and the bf16 params are copied from them.
-
-    A resumed run's legs (testbed/checkpoint.py): GRADCERT_RESUME_FROM loads the
-    checkpoint (before any hook is registered: DCP's state-dict helpers run one zero-lr
-    step) and starts at the update it names; GRADCERT_SAVE_AT=K stops after update K-1 and
-    saves with DCP (every rank)."""
-    plan, data = run.plan, run.dataset
-    consumed_all = run.consumed(rank)
-    window_ids = [run.consumed(r) for r in range(plan.dp)]  # every DP rank's (a window's last microstep)
+def _resume_legs(run: client.Run, model: nn.Module, optimizer, mutant: str | None, masters: dict | None):
+    """The resumed run's legs (testbed/checkpoint.py), checkpoint loaded: (resume, first update, end update)."""
+    plan = run.plan
     try:
         resume = ckpt.Resume()
     except client.ProtocolError as e:
@@ -315,8 +302,12 @@ def train(run: client.Run, rank: int, world: int, model: nn.Module, strategy: St
         if not first < resume.save_at < len(plan):
             fail(f"GRADCERT_SAVE_AT={resume.save_at}: expected {first + 1}..{len(plan) - 1} (updates before the save)")
         end = resume.save_at
-    recorder = client.GradRecorder(optimizer, source=strategy.full_grads)  # gathers outside the timed region
-    sync = torch.cuda.synchronize if device().type == "cuda" else (lambda: None)  # CUDA runs ahead of the host
+    return resume, first, end
+
+
+def _register_clipping(plan: client.Plan, model: nn.Module, strategy: Strategy, optimizer, mutant: str | None,
+                       masters: dict | None):
+    """Registers the clipping pre-hook where max_grad_norm > 0: (its handle or None, clip-per-rank instead)."""
     clip_handle = None
     # clip-per-rank: each rank clips its own accumulated gradient before the reduction (a
     # replica whose wrapper reduces inside backward cannot do it; the mutant accumulates
@@ -329,13 +320,95 @@ def train(run: client.Run, rank: int, world: int, model: nn.Module, strategy: St
         opt_params = [m for _, m in masters.values()] if masters else [p for p in model.parameters()]
         clip_handle = optimizer.register_step_pre_hook(
             lambda *_: strategy.clip_grad_norm(opt_params, plan.max_grad_norm))
+    return clip_handle, per_rank_clip
+
+
+def _backward_window(model: nn.Module, strategy: Strategy, data, batches: list, scale_of, per_rank_clip: bool) -> float:
+    """Forward and backward of each microstep, S * scale_of(a, batch); returns S_r, this rank's S."""
+    S_r = 0.0
+    for a, b in enumerate(batches):
+        last = a == len(batches) - 1 and not per_rank_clip
+        if b is None and not (last or strategy.empty_microsteps_need_collectives):
+            continue  # nothing to add, and no collective to join (e.g. DDP under no_sync)
+        with strategy.microstep(last):
+            if b is None:
+                # NOTE [empty microbatch] This rank has no example here, but the wrapper
+                # reduces gradients (and, for FSDP, gathers parameters) inside forward and
+                # backward, so it must run them like its peers: a one-token batch with no
+                # target, loss x 0. Every parameter stays in the graph (so DDP/FSDP hooks
+                # fire for all of them) and the gradient it adds is exactly zero.
+                inp, lab, _ = on_device(data.dummy_batch())
+                (loss_sum(model, inp, lab, data.ignore_index) * 0.0).backward()
+                continue
+            scale = scale_of(a, b)
+            S = loss_sum(model, b.input, b.labels, data.ignore_index)
+            (S * scale).backward()
+            S_r += float(S.detach().to(torch.float64))
+    return S_r
+
+
+def _clip_per_rank(model: nn.Module, max_norm: float, world: int):
+    """The clip-per-rank mutant: each rank clips its own gradient, then the mean by hand (all_reduce / world)."""
+    local = [p for p in model.parameters()]
+    for p in local:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    torch.nn.utils.clip_grad_norm_(local, max_norm, foreach=False)
+    for p in local:
+        dist.all_reduce(p.grad)
+        p.grad.div_(world)
+
+
+def _record_dropped(writer: client.ArtifactWriter, strategy: Strategy, plan: client.Plan, u: int, t0: float):
+    """Writes update u as a window the mutant dropped: nothing consumed, a zero gradient, the parameters."""
+    params = strategy.full_params()
+    grads = {n: torch.zeros_like(p) for n, p in params.items()}
+    writer.record(u, [[] for _ in range(plan.accum)], 0.0, 0, 0.0, 0, time.perf_counter() - t0, grads, params)
+
+
+def _timed_step(optimizer, recorder, masters: dict | None, sync, t0: float) -> float:
+    """The optimizer step (bf16: on the fp32 masters, copied back); returns the update's step seconds."""
+    if masters:
+        for p, master in masters.values():
+            master.grad = p.grad.detach().to(master.dtype)
+    sync()
+    t_compute = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    optimizer.step()  # pre-hooks: the recorder captures the full gradient, then clipping
+    if masters:
+        with torch.no_grad():
+            for p, master in masters.values():
+                p.copy_(master.to(p.dtype))
+    sync()
+    return t_compute + (time.perf_counter() - t1 - recorder.seconds)
+
+
+def train(run: client.Run, rank: int, world: int, model: nn.Module, strategy: Strategy, optimizer,
+          writer: client.ArtifactWriter, mutant: str | None = None, masters: dict | None = None):
+    """The protocol's loop: per update, N by all-reducing the local valid-target counts,
+    backward of D*S_{r,a}/N per microstep (the wrapper averages over D and the microsteps
+    accumulate; `mutant` changes the scale, see testbed/mutants.py), one optimizer
+    step, artifacts. The reduced gradient is captured by a client.GradRecorder in the
+    optimizer's step pre-hook; `optimizer.max_grad_norm` > 0 clips in a later pre-hook
+    (the artifact stays pre-clip). `masters` (bf16): name -> (param, fp32 master); the
+    optimizer steps the masters and the bf16 params are copied from them.
+
+    A resumed run's legs (testbed/checkpoint.py): GRADCERT_RESUME_FROM loads the
+    checkpoint (before any hook is registered: DCP's state-dict helpers run one zero-lr
+    step) and starts at the update it names; GRADCERT_SAVE_AT=K stops after update K-1 and
+    saves with DCP (every rank)."""
+    plan, data = run.plan, run.dataset
+    consumed_all = run.consumed(rank)
+    window_ids = [run.consumed(r) for r in range(plan.dp)]  # every DP rank's (a window's last microstep)
+    resume, first, end = _resume_legs(run, model, optimizer, mutant, masters)
+    recorder = client.GradRecorder(optimizer, source=strategy.full_grads)  # gathers outside the timed region
+    sync = torch.cuda.synchronize if device().type == "cuda" else (lambda: None)  # CUDA runs ahead of the host
+    clip_handle, per_rank_clip = _register_clipping(plan, model, strategy, optimizer, mutant, masters)
     for u in range(first, end):
         t0 = time.perf_counter()
         partial = plan.partial(u)
         if mutants.drops_window(mutant, partial):  # every rank drops it alike: no collective to join
-            params = strategy.full_params()
-            grads = {n: torch.zeros_like(p) for n, p in params.items()}
-            writer.record(u, [[] for _ in range(plan.accum)], 0.0, 0, 0.0, 0, time.perf_counter() - t0, grads, params)
+            _record_dropped(writer, strategy, plan, u, t0)
             continue
         consumed = consumed_all[ckpt.sampler_window(plan, first, u, mutant) if resume.resume_from else u]
         batches = [on_device(data.collate(ids)) for ids in consumed]
@@ -347,47 +420,15 @@ def train(run: client.Run, rank: int, world: int, model: nn.Module, strategy: St
                       if ids and data.rows_with_targets(ids) > 0), default=0)
         optimizer.zero_grad(set_to_none=True)
         model.zero_grad(set_to_none=True)
-        S_r = 0.0
-        for a, b in enumerate(batches):
-            last = a == len(batches) - 1 and not per_rank_clip
-            if b is None and not (last or strategy.empty_microsteps_need_collectives):
-                continue  # nothing to add, and no collective to join (e.g. DDP under no_sync)
-            with strategy.microstep(last):
-                if b is None:
-                    # NOTE [empty microbatch] This rank has no example here, but the wrapper
-                    # reduces gradients (and, for FSDP, gathers parameters) inside forward and
-                    # backward, so it must run them like its peers: a one-token batch with no
-                    # target, loss x 0. Every parameter stays in the graph (so DDP/FSDP hooks
-                    # fire for all of them) and the gradient it adds is exactly zero.
-                    inp, lab, _ = on_device(data.dummy_batch())
-                    (loss_sum(model, inp, lab, data.ignore_index) * 0.0).backward()
-                    continue
-                scale = mutants.loss_scale(mutant, plan.dp, plan.accum, N, n_r, b.valid_targets, partial, a, last_a)
-                S = loss_sum(model, b.input, b.labels, data.ignore_index)
-                (S * scale).backward()
-                S_r += float(S.detach().to(torch.float64))
+
+        def scale_of(a, b):
+            """The loss scale of microstep a (the protocol's D / N, or the mutant's)."""
+            return mutants.loss_scale(mutant, plan.dp, plan.accum, N, n_r, b.valid_targets, partial, a, last_a)
+
+        S_r = _backward_window(model, strategy, data, batches, scale_of, per_rank_clip)
         if per_rank_clip:
-            local = [p for p in model.parameters()]
-            for p in local:
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-            torch.nn.utils.clip_grad_norm_(local, plan.max_grad_norm, foreach=False)
-            for p in local:
-                dist.all_reduce(p.grad)
-                p.grad.div_(world)
-        if masters:
-            for p, master in masters.values():
-                master.grad = p.grad.detach().to(master.dtype)
-        sync()
-        t_compute = time.perf_counter() - t0
-        t1 = time.perf_counter()
-        optimizer.step()  # pre-hooks: the recorder captures the full gradient, then clipping
-        if masters:
-            with torch.no_grad():
-                for p, master in masters.values():
-                    p.copy_(master.to(p.dtype))
-        sync()
-        step_seconds = t_compute + (time.perf_counter() - t1 - recorder.seconds)
+            _clip_per_rank(model, plan.max_grad_norm, world)
+        step_seconds = _timed_step(optimizer, recorder, masters, sync, t0)
         grads = recorder.pop()
         S_global = allreduce_sum_f64([S_r])[0]
         loss = S_global / N if N > 0 else 0.0

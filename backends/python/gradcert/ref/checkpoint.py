@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 
+from .. import _env
 from .client import ProtocolError
 
 MANIFEST = "gradcert.json"
@@ -39,15 +40,15 @@ class Resume:
 
     def __init__(self, env=None):
         env = os.environ if env is None else env
-        self.save_at, self.save_dir = None, env.get("GRADCERT_SAVE_DIR") or None
-        self.resume_from = env.get("GRADCERT_RESUME_FROM") or None
-        if env.get("GRADCERT_SAVE_AT"):
+        self.save_at, self.save_dir = None, env.get(_env.SAVE_DIR) or None
+        self.resume_from = env.get(_env.RESUME_FROM) or None
+        if env.get(_env.SAVE_AT):
             try:
-                self.save_at = int(env["GRADCERT_SAVE_AT"])
+                self.save_at = int(env[_env.SAVE_AT])
             except ValueError:
-                raise ProtocolError(f"GRADCERT_SAVE_AT={env['GRADCERT_SAVE_AT']!r}: expected an update count")
+                raise ProtocolError(f"{_env.SAVE_AT}={env[_env.SAVE_AT]!r}: expected an update count")
             if self.save_at < 1:
-                raise ProtocolError(f"GRADCERT_SAVE_AT={self.save_at}: expected >= 1")
+                raise ProtocolError(f"{_env.SAVE_AT}={self.save_at}: expected >= 1")
             if not self.save_dir:
                 raise ProtocolError("GRADCERT_SAVE_AT is set but GRADCERT_SAVE_DIR is not")
 

@@ -27,6 +27,7 @@ from typing import NamedTuple
 import torch
 from safetensors.torch import load_file, save_file
 
+from .. import _env
 from . import PROTOCOL_VERSION
 from . import factory as factory_mod
 
@@ -264,11 +265,10 @@ class Run:
     @classmethod
     def from_env(cls, env=None) -> "Run":
         env = os.environ if env is None else env
-        for k in ("GRADCERT_PLAN", "GRADCERT_DATASET", "GRADCERT_INIT", "GRADCERT_OUT"):
+        for k in (_env.PLAN, _env.DATASET, _env.INIT, _env.OUT):
             if k not in env:
                 raise ProtocolError(f"{k} is not set: run me under `gradcert run --backend external`")
-        return cls(env["GRADCERT_PLAN"], env["GRADCERT_DATASET"], env["GRADCERT_INIT"], env["GRADCERT_OUT"],
-                   env.get("GRADCERT_SAMPLER", "plan"))
+        return cls(env[_env.PLAN], env[_env.DATASET], env[_env.INIT], env[_env.OUT], env.get(_env.SAMPLER, "plan"))
 
     @classmethod
     def from_dir(cls, run_dir: str, out: str | None = None) -> "Run":
@@ -480,7 +480,7 @@ def run_nonce(env=None) -> str | None:
     """GRADCERT_RUN_NONCE: this run's nonce, which rank<g>.json and manifest.json echo as
     "nonce" (gradcert refuses files without it or with another run's)."""
     env = os.environ if env is None else env
-    return env.get("GRADCERT_RUN_NONCE") or None
+    return env.get(_env.RUN_NONCE) or None
 
 
 def rank_json(rank: int, dp_rank: int, updates: list, nonce: str | None = None) -> dict:

@@ -78,15 +78,31 @@ std::string tolerance_bar(double figure, double tolerance, const std::string& cl
   return o.str();
 }
 
-std::string profile_chart(const Profile& p) {
+namespace {
+
+// The profile chart's geometry: margins, the column step, the y range in whole decades.
+struct ProfileFrame {
+  double step = 0, L = 46, R = 12, T = 22, PH = 150, B = 10, W = 0, H = 0, right = 0, lo = 0, hi = 0;
+  bool xlabels = false;
+  double y(double v) const {
+    if (std::isnan(v) || v <= 0) return T + PH;
+    if (std::isinf(v)) return T;
+    return T + PH * (hi - std::clamp(std::log10(v), lo, hi)) / (hi - lo);
+  }
+  double x(size_t i) const { return L + step * (static_cast<double>(i) + 0.5); }
+};
+
+ProfileFrame profile_frame(const Profile& p) {
+  ProfileFrame f;
   const size_t count = std::max<size_t>(p.labels.size(), 1);
-  const double step = std::clamp(900.0 / static_cast<double>(count), 6.0, 24.0);
-  const bool xlabels = step >= 10;
+  f.step = std::clamp(900.0 / static_cast<double>(count), 6.0, 24.0);
+  f.xlabels = f.step >= 10;
   size_t longest = 0;
   for (const auto& l : p.labels) longest = std::max(longest, l.size());
-  const double L = 46, R = 12, T = 22, PH = 150, B = xlabels ? 16 + 6.5 * static_cast<double>(longest) : 10;
-  const double W = std::max(L + step * static_cast<double>(count) + R, 320.0), H = T + PH + B;
-  const double right = W - R;
+  if (f.xlabels) f.B = 16 + 6.5 * static_cast<double>(longest);
+  f.W = std::max(f.L + f.step * static_cast<double>(count) + f.R, 320.0);
+  f.H = f.T + f.PH + f.B;
+  f.right = f.W - f.R;
   // The y range: every positive finite value and the tolerance, in whole decades.
   double lo = INFINITY, hi = -INFINITY;
   for (const auto& s : p.series)
@@ -94,61 +110,65 @@ std::string profile_chart(const Profile& p) {
       if (std::isfinite(v) && v > 0) lo = std::min(lo, std::log10(v)), hi = std::max(hi, std::log10(v));
   if (p.tolerance > 0) lo = std::min(lo, std::log10(p.tolerance)), hi = std::max(hi, std::log10(p.tolerance));
   if (!std::isfinite(lo)) lo = -1, hi = 0;
-  lo = std::max(std::floor(lo), -30.0);
-  hi = std::max(std::ceil(hi), lo + 2);
-  auto y = [&](double v) {
-    if (std::isnan(v) || v <= 0) return T + PH;
-    if (std::isinf(v)) return T;
-    return T + PH * (hi - std::clamp(std::log10(v), lo, hi)) / (hi - lo);
-  };
-  auto x = [&](size_t i) { return L + step * (static_cast<double>(i) + 0.5); };
-  std::ostringstream o;
-  o << open("chart profile", p.kind, W, H, p.title) << "\n";
-  // Bands: one per run of equal group names, every other one shaded, named on top.
+  f.lo = std::max(std::floor(lo), -30.0);
+  f.hi = std::max(std::ceil(hi), f.lo + 2);
+  return f;
+}
+
+// Bands: one per run of equal group names, every other one shaded, named on top.
+void profile_bands(std::ostringstream& o, const Profile& p, const ProfileFrame& f) {
   std::string names = "<text class=\"gl\" text-anchor=\"middle\">";
   for (size_t a = 0, band = 0; a < p.labels.size(); ++band) {
     size_t b = a;
     while (b < p.labels.size() && p.groups[b] == p.groups[a]) ++b;
-    const double x0 = L + step * static_cast<double>(a), w = step * static_cast<double>(b - a);
+    const double x0 = f.L + f.step * static_cast<double>(a), w = f.step * static_cast<double>(b - a);
     if (band % 2 == 1)
-      o << "<rect class=\"band\" x=\"" << n(x0) << "\" y=\"" << n(T) << "\" width=\"" << n(w) << "\" height=\""
-        << n(PH) << "\"/>\n";
+      o << "<rect class=\"band\" x=\"" << n(x0) << "\" y=\"" << n(f.T) << "\" width=\"" << n(w) << "\" height=\""
+        << n(f.PH) << "\"/>\n";
     std::string name = p.groups[a];
     if (static_cast<double>(name.size()) * 6.2 > w) {  // too wide: "block 12" -> "b12", "embeddings" -> "emb"
       const auto sp = name.find(' ');
       name = sp == std::string::npos ? name.substr(0, std::clamp<size_t>(static_cast<size_t>(w / 6.2), 1, 3))
                                      : name.substr(0, 1) + name.substr(sp + 1);
     }
-    names += "<tspan x=\"" + n(x0 + w / 2) + "\" y=\"" + n(T - 7) + "\">" + esc(name) + "</tspan>";
+    names += "<tspan x=\"" + n(x0 + w / 2) + "\" y=\"" + n(f.T - 7) + "\">" + esc(name) + "</tspan>";
     a = b;
   }
   o << names << "</text>\n";
-  // Decade grid and labels (every decade up to 10 of them, else every other or third).
-  const int decades = static_cast<int>(hi - lo), every = decades <= 10 ? 1 : decades <= 20 ? 2 : 3;
+}
+
+// Decade grid and labels (every decade up to 10 of them, else every other or third), the axis,
+// the tolerance line.
+void profile_axes(std::ostringstream& o, const Profile& p, const ProfileFrame& f) {
+  const int decades = static_cast<int>(f.hi - f.lo), every = decades <= 10 ? 1 : decades <= 20 ? 2 : 3;
   std::string grid;
-  for (int k = static_cast<int>(lo); k <= static_cast<int>(hi); ++k)
-    grid += "M" + n(L) + " " + n(y(std::pow(10.0, k))) + "H" + n(right);
+  for (int k = static_cast<int>(f.lo); k <= static_cast<int>(f.hi); ++k)
+    grid += "M" + n(f.L) + " " + n(f.y(std::pow(10.0, k))) + "H" + n(f.right);
   o << "<path class=\"grid\" d=\"" << grid << "\"/>\n";
   o << "<text class=\"yl\" text-anchor=\"end\">";
-  for (int k = static_cast<int>(lo); k <= static_cast<int>(hi); k += every)
-    o << "<tspan x=\"" << n(L - 4) << "\" y=\"" << n(y(std::pow(10.0, k)) + 3) << "\">" << decade(k) << "</tspan>";
+  for (int k = static_cast<int>(f.lo); k <= static_cast<int>(f.hi); k += every)
+    o << "<tspan x=\"" << n(f.L - 4) << "\" y=\"" << n(f.y(std::pow(10.0, k)) + 3) << "\">" << decade(k) << "</tspan>";
   o << "</text>\n";
-  o << "<path class=\"axis\" d=\"M" << n(L) << " " << n(T) << "V" << n(T + PH) << "H" << n(right) << "\"/>\n";
+  o << "<path class=\"axis\" d=\"M" << n(f.L) << " " << n(f.T) << "V" << n(f.T + f.PH) << "H" << n(f.right) << "\"/>\n";
   if (p.tolerance > 0) {
-    const double yt = y(p.tolerance);
-    o << "<path class=\"tol\" d=\"M" << n(L) << " " << n(yt) << "H" << n(right) << "\"/>\n"
-      << text("tl", right - 2, yt - T < 12 ? yt + 11 : yt - 3, "tolerance " + figure_text(p.tolerance), "end") << "\n";
+    const double yt = f.y(p.tolerance);
+    o << "<path class=\"tol\" d=\"M" << n(f.L) << " " << n(yt) << "H" << n(f.right) << "\"/>\n"
+      << text("tl", f.right - 2, yt - f.T < 12 ? yt + 11 : yt - 3, "tolerance " + figure_text(p.tolerance), "end")
+      << "\n";
   }
-  // Values above the tolerance: a ring under the series' own dots.
+}
+
+// Values above the tolerance (a ring under the series' own dots), then each series: its line and
+// its dots, in whole pixels, relative to the point before.
+void profile_series(std::ostringstream& o, const Profile& p, const ProfileFrame& f) {
   std::string over;
   for (const auto& s : p.series)
     for (size_t i = 0; i < s.values.size() && i < p.labels.size(); ++i) {
       const double v = s.values[i];
       if (!std::isnan(v) && p.tolerance > 0 && v > p.tolerance)
-        over += "M" + n(std::round(x(i))) + " " + n(std::round(y(v))) + "h0";
+        over += "M" + n(std::round(f.x(i))) + " " + n(std::round(f.y(v))) + "h0";
     }
   if (!over.empty()) o << "<path class=\"over\" d=\"" << over << "\"/>\n";
-  // Each series: its line and its dots, in whole pixels, relative to the point before.
   for (size_t k = 0; k < p.series.size(); ++k) {
     const auto& s = p.series[k];
     std::string line, dots;
@@ -159,7 +179,7 @@ std::string profile_chart(const Profile& p) {
         pen = false;
         continue;
       }
-      const double cx = std::round(x(i)), cy = std::round(y(s.values[i]));
+      const double cx = std::round(f.x(i)), cy = std::round(f.y(s.values[i]));
       const std::string abs = n(cx) + " " + n(cy), rel = n(cx - px) + " " + n(cy - py);
       line += pen ? "l" + rel : "M" + abs;
       dots += (dots.empty() ? "M" + abs : "m" + rel) + "h0";
@@ -170,24 +190,37 @@ std::string profile_chart(const Profile& p) {
     o << "<path class=\"line " << cls << "\" d=\"" << line << "\"/>\n"
       << "<path class=\"dots " << cls << "\" d=\"" << dots << "\"/>\n";
   }
-  // Tensor names read upwards, ending under their point: one text rotated a quarter turn, in
-  // which (u, v) lands on (v, -u).
-  // The same names at the same places in an earlier chart of the page: a <use> of those.
-  if (xlabels) {
-    std::string text = "<text class=\"xl\" text-anchor=\"end\" transform=\"rotate(-90)\">";
-    for (size_t i = 0; i < p.labels.size(); ++i)
-      text += "<tspan x=\"" + n(-(T + PH + 5)) + "\" y=\"" + n(x(i) + 3) + "\">" + esc(p.labels[i]) + "</tspan>";
-    text += "</text>";
-    if (!p.shared) {
-      o << text << "\n";
-    } else if (auto it = p.shared->find(text); it != p.shared->end()) {
-      o << "<use class=\"xl\" href=\"#" << it->second << "\"/>\n";  // the clone inherits its style
-    } else {
-      const std::string id = "xl" + std::to_string(p.shared->size() + 1);
-      p.shared->emplace(text, id);
-      o << "<g id=\"" << id << "\">" << text << "</g>\n";
-    }
+}
+
+// Tensor names read upwards, ending under their point: one text rotated a quarter turn, in
+// which (u, v) lands on (v, -u). The same names at the same places in an earlier chart of the
+// page: a <use> of those.
+void profile_labels(std::ostringstream& o, const Profile& p, const ProfileFrame& f) {
+  std::string text = "<text class=\"xl\" text-anchor=\"end\" transform=\"rotate(-90)\">";
+  for (size_t i = 0; i < p.labels.size(); ++i)
+    text += "<tspan x=\"" + n(-(f.T + f.PH + 5)) + "\" y=\"" + n(f.x(i) + 3) + "\">" + esc(p.labels[i]) + "</tspan>";
+  text += "</text>";
+  if (!p.shared) {
+    o << text << "\n";
+  } else if (auto it = p.shared->find(text); it != p.shared->end()) {
+    o << "<use class=\"xl\" href=\"#" << it->second << "\"/>\n";  // the clone inherits its style
+  } else {
+    const std::string id = "xl" + std::to_string(p.shared->size() + 1);
+    p.shared->emplace(text, id);
+    o << "<g id=\"" << id << "\">" << text << "</g>\n";
   }
+}
+
+}  // namespace
+
+std::string profile_chart(const Profile& p) {
+  const ProfileFrame f = profile_frame(p);
+  std::ostringstream o;
+  o << open("chart profile", p.kind, f.W, f.H, p.title) << "\n";
+  profile_bands(o, p, f);
+  profile_axes(o, p, f);
+  profile_series(o, p, f);
+  if (f.xlabels) profile_labels(o, p, f);
   o << "</svg>";
   return o.str();
 }

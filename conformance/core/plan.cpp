@@ -115,11 +115,6 @@ Spec second_leg_spec(const Spec& spec) {
   return s;
 }
 
-Plan resumed_plan(const Spec& spec) {
-  if (spec.resume.at == 0) return make_plan(spec);
-  return resumed_plan(spec, make_plan(spec), make_plan(second_leg_spec(spec)));
-}
-
 Plan resumed_plan(const Spec& spec, const Plan& first, const Plan& q) {
   Plan p = first;
   if (spec.resume.at == 0 || (q.dp == p.dp && q.micro == p.micro && q.accum == p.accum)) return p;

@@ -55,11 +55,10 @@ Plan make_plan(const Spec& spec);
 /// resume.accum, or derived: the micro batch kept if it divides, else the accumulation steps).
 /// Throws SpecError naming resume.* when no split keeps B_update. Without resume: `spec`.
 Spec second_leg_spec(const Spec& spec);
-/// The windows a resumed run trains: the first leg's plan up to resume.at, the second leg's
+/// The windows a resumed run trains, from the two legs' plans (make_plan(spec),
+/// make_plan(second_leg_spec(spec))): the first leg's plan up to resume.at, the second leg's
 /// after it (the same examples per window; their split over ranks may differ). The plan-level
-/// topology is the first leg's. Without resume: make_plan(spec).
-Plan resumed_plan(const Spec& spec);
-/// The same from the two legs' plans already made (make_plan(spec), make_plan(second_leg_spec(spec))).
+/// topology is the first leg's.
 Plan resumed_plan(const Spec& spec, const Plan& first, const Plan& second);
 
 /// Human-readable plan: per update, per rank, per microstep: ids, tokens, valid targets, N.

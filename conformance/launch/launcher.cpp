@@ -82,74 +82,81 @@ std::pair<int, int> rank_world_from(const char* rank_var, const char* world_var)
 }  // namespace
 
 namespace launch_detail {
+namespace {
 
-LaunchResult launch_local(const LaunchRequest& req) {
+// Everything the children need, built before the first fork: argv, each rank's environment and
+// log, the write ends of the log pipes (NOTE [log cap]).
+struct RankSetup {
+  std::vector<std::string> argv_s;
+  std::vector<char*> argv_c;
+  std::vector<std::vector<std::string>> envs;
+  std::vector<std::vector<char*>> envs_c;
+  std::vector<std::string> logs;
+  std::vector<int> fds;
+  void close_fds() {
+    for (int& fd : fds)
+      if (fd >= 0) ::close(fd), fd = -1;
+  }
+};
+
+void prepare_ranks(const LaunchRequest& req, Logs& capped, RankSetup& s) {
   const int world = req.world;
   std::vector<std::pair<std::string, std::string>> base;
   for (const auto& kv : req.env) base.emplace_back(kv.first, kv.second);
   if (req.rank_env) base.emplace_back("GRADCERT_WORLD", std::to_string(world));
-
-  // Everything the children need is built before the first fork.
-  std::vector<std::string> argv_s = req.argv;
-  std::vector<char*> argv_c = c_array(argv_s);
-  std::vector<std::vector<std::string>> envs(world);
-  std::vector<std::vector<char*>> envs_c(world);
-  std::vector<std::string> logs(world);
-  std::vector<int> fds(world, -1);  // the write ends of the log pipes (NOTE [log cap])
-  Logs capped;
-  auto close_fds = [&] {
-    for (int& fd : fds)
-      if (fd >= 0) ::close(fd), fd = -1;
-  };
+  s.argv_s = req.argv;
+  s.argv_c = c_array(s.argv_s);
+  s.envs.resize(world);
+  s.envs_c.resize(world);
+  s.logs.resize(world);
+  s.fds.assign(world, -1);
   try {
     for (int r = 0; r < world; ++r) {
       auto overrides = base;
       if (req.rank_env) overrides.emplace_back("GRADCERT_RANK", std::to_string(r));
-      envs[r] = req.rank_env ? build_env(overrides) : build_env(overrides, {"GRADCERT_RANK", "GRADCERT_WORLD"});
-      envs_c[r] = c_array(envs[r]);
-      logs[r] = req.log_dir + "/rank" + std::to_string(r) + ".log";
-      fds[r] = capped.add(logs[r]);
+      s.envs[r] = req.rank_env ? build_env(overrides) : build_env(overrides, {"GRADCERT_RANK", "GRADCERT_WORLD"});
+      s.envs_c[r] = c_array(s.envs[r]);
+      s.logs[r] = req.log_dir + "/rank" + std::to_string(r) + ".log";
+      s.fds[r] = capped.add(s.logs[r]);
     }
   } catch (...) {
-    close_fds();
+    s.close_fds();
     throw;
   }
+}
 
-  Group g;
-  g.resize(world);
-  g.logs = &capped;
-  for (int r = 0; r < world; ++r) g.exits[r].rank = r;
-
-  LaunchResult res;
-  const auto start = g.start;
+// Starts every rank in one process group (rank 0 leads it); the error text of a failed fork.
+std::string start_ranks(RankSetup& s, Group& g) {
   const pid_t self = ::getpid();
-  for (int r = 0; r < world; ++r) {
+  for (int r = 0; r < static_cast<int>(s.fds.size()); ++r) {
     // A built-in rank comes from the zygote when one runs (NOTE [zygote]), else fork/exec.
-    pid_t pid = zygote_spawn(argv_c.data(), envs_c[r].data(), fds[r], r == 0 ? 0 : g.pgid);
+    pid_t pid = zygote_spawn(s.argv_c.data(), s.envs_c[r].data(), s.fds[r], r == 0 ? 0 : g.pgid);
     if (pid > 0) ::setpgid(pid, r == 0 ? pid : g.pgid);  // also done in the child, as in spawn
-    else pid = spawn(argv_c.data(), envs_c[r].data(), fds[r], r == 0 ? 0 : g.pgid, self);
-    if (pid < 0) {
-      int err = errno;
-      close_fds();
-      g.stop();
-      kill_descendants();
-      capped.finish();
-      res.ranks = g.exits;
-      res.message = "fork failed for rank " + std::to_string(r) + ": " + std::strerror(err);
-      return res;
-    }
+    else pid = spawn(s.argv_c.data(), s.envs_c[r].data(), s.fds[r], r == 0 ? 0 : g.pgid, self);
+    if (pid < 0) return "fork failed for rank " + std::to_string(r) + ": " + std::strerror(errno);
     if (r == 0) g.pgid = pid;
     g.track(static_cast<size_t>(r), pid);
   }
-  close_fds();
+  return "";
+}
 
-  const auto deadline = start + req.timeout;
+// How the ranks ended, as the poll loop saw it.
+struct Watched {
+  bool interrupted = false, timed_out = false;
   int failed_rank = -1;
   double failed_at = 0;
-  std::vector<double> left_at(world, -1);  // a rank that exited 0 while peers still ran
+  std::vector<double> left_at;  // a rank that exited 0 while peers still ran
+};
+
+Watched watch_ranks(Group& g, int world, Clock::time_point deadline) {
+  Watched w;
+  w.left_at.assign(world, -1);
   constexpr double seconds_since_marker = -1;  // failed_at while this poll's candidates are compared
   for (;;) {
-    if (g_interrupt.load()) return interrupted_result(g, capped, "");
+    if (g_interrupt.load()) {
+      w.interrupted = true;
+      return w;
+    }
     // NOTE [blame] Of the ranks found ended in one poll, blame the one whose end is a cause,
     // not a symptom: killed by a signal (other than SIGPIPE) before an error exit, and either
     // before SIGPIPE (a write to a dead peer's socket). Reaping order is slot order, so without
@@ -158,75 +165,101 @@ LaunchResult launch_local(const LaunchRequest& req) {
     const std::vector<int> reaped = g.poll();
     for (int r : reaped) {
       if (!failed(g.exits[r])) continue;
-      if (failed_rank < 0 || (failed_at == seconds_since_marker && cause(g.exits[r]) > cause(g.exits[failed_rank]))) {
-        failed_rank = r;
-        failed_at = seconds_since_marker;
+      if (w.failed_rank < 0 ||
+          (w.failed_at == seconds_since_marker && cause(g.exits[r]) > cause(g.exits[w.failed_rank]))) {
+        w.failed_rank = r;
+        w.failed_at = seconds_since_marker;
       }
     }
-    if (failed_rank >= 0 && failed_at == seconds_since_marker) failed_at = seconds_since(start);
-    if (failed_rank < 0 && !g.running().empty())
-      for (int r : reaped) left_at[r] = seconds_since(start);
-    if (failed_rank >= 0 || g.running().empty()) break;
+    if (w.failed_rank >= 0 && w.failed_at == seconds_since_marker) w.failed_at = seconds_since(g.start);
+    if (w.failed_rank < 0 && !g.running().empty())
+      for (int r : reaped) w.left_at[r] = seconds_since(g.start);
+    if (w.failed_rank >= 0 || g.running().empty()) return w;
     if (Clock::now() >= deadline) {
-      res.timed_out = true;
-      break;
+      w.timed_out = true;
+      return w;
     }
     g.wait(kPollInterval);
   }
+}
 
-  // (NOTE [blame], continued) What a peer's failure or the timeout followed is blamed before it:
-  // a rank still stopped (SIGSTOP: its peers wait in a collective until its timeout), then a
-  // rank that exited 0 while its peers still ran (it left them in a collective, and they fail
-  // with "Connection reset by peer"). Ranks leave together, not one by one: a built-in rank's
-  // last act is a barrier after every file is written (conformance/run/worker.cpp).
+// (NOTE [blame], continued) What a peer's failure or the timeout followed is blamed before it:
+// a rank still stopped (SIGSTOP: its peers wait in a collective until its timeout), then a
+// rank that exited 0 while its peers still ran (it left them in a collective, and they fail
+// with "Connection reset by peer"). Ranks leave together, not one by one: a built-in rank's
+// last act is a barrier after every file is written (conformance/run/worker.cpp).
+std::pair<int, std::string> first_cause(const Group& g, const std::vector<double>& left_at) {
+  const int world = static_cast<int>(left_at.size());
   int cause_rank = -1;
-  std::string cause_text;
   for (int r = 0; r < world; ++r)
     if (g.stopped_at[r] >= 0 && (cause_rank < 0 || g.stopped_at[r] < g.stopped_at[cause_rank])) cause_rank = r;
-  if (cause_rank >= 0) {
-    cause_text = "rank " + std::to_string(cause_rank) + " was stopped (" + signal_name(g.stop_signal[cause_rank]) +
-                 ") after " + fmt_seconds(g.stopped_at[cause_rank]) + " and did not continue";
-  } else {
-    for (int r = 0; r < world; ++r)
-      if (left_at[r] >= 0 && (cause_rank < 0 || left_at[r] < left_at[cause_rank])) cause_rank = r;
-    if (cause_rank >= 0)
-      cause_text = "rank " + std::to_string(cause_rank) + " exited 0 after " + fmt_seconds(left_at[cause_rank]) +
-                   " before the run finished (its peers were still running)";
-  }
+  if (cause_rank >= 0)
+    return {cause_rank, "rank " + std::to_string(cause_rank) + " was stopped (" +
+                            signal_name(g.stop_signal[cause_rank]) + ") after " +
+                            fmt_seconds(g.stopped_at[cause_rank]) + " and did not continue"};
+  for (int r = 0; r < world; ++r)
+    if (left_at[r] >= 0 && (cause_rank < 0 || left_at[r] < left_at[cause_rank])) cause_rank = r;
+  if (cause_rank < 0) return {-1, ""};
+  return {cause_rank, "rank " + std::to_string(cause_rank) + " exited 0 after " + fmt_seconds(left_at[cause_rank]) +
+                          " before the run finished (its peers were still running)"};
+}
 
-  if (res.timed_out) {
-    std::vector<int> stopped = g.stop();
-    const int leftovers = kill_descendants();
+}  // namespace
+
+LaunchResult launch_local(const LaunchRequest& req) {
+  const int world = req.world;
+  Logs capped;
+  RankSetup setup;
+  prepare_ranks(req, capped, setup);
+  Group g;
+  g.resize(world);
+  g.logs = &capped;
+  for (int r = 0; r < world; ++r) g.exits[r].rank = r;
+
+  LaunchResult res;
+  const auto start = g.start;
+  if (std::string error = start_ranks(setup, g); !error.empty()) {
+    setup.close_fds();
+    g.stop();
+    kill_descendants();
     capped.finish();
     res.ranks = g.exits;
-    res.first_failed_rank = cause_rank;
-    double limit = std::chrono::duration<double>(req.timeout).count();
-    res.message = "timeout after " + fmt_seconds(limit) + "; ";
-    if (cause_rank >= 0) res.message += cause_text + "; ";
-    res.message += join_ranks(stopped) + " still running (stopped by the launcher)" + leftovers_text(leftovers);
-    if (!stopped.empty())
-      res.message += tail_section("rank " + std::to_string(stopped[0]), logs[stopped[0]], capped);
+    res.message = error;
     return res;
   }
-  if (failed_rank >= 0) {
+  setup.close_fds();
+  const Watched w = watch_ranks(g, world, start + req.timeout);
+  if (w.interrupted) return interrupted_result(g, capped, "");
+  const auto [cause_rank, cause_text] = first_cause(g, w.left_at);
+  res.timed_out = w.timed_out;
+  if (w.timed_out || w.failed_rank >= 0) {
     std::vector<int> stopped = g.stop();
     const int leftovers = kill_descendants();
     capped.finish();
     res.ranks = g.exits;
-    res.first_failed_rank = cause_rank >= 0 ? cause_rank : failed_rank;
-    const std::string failure = "rank " + std::to_string(failed_rank) + " " + how_it_ended(g.exits[failed_rank], failed_at);
+    if (w.timed_out) {
+      res.first_failed_rank = cause_rank;
+      res.message = "timeout after " + fmt_seconds(std::chrono::duration<double>(req.timeout).count()) + "; ";
+      if (cause_rank >= 0) res.message += cause_text + "; ";
+      res.message += join_ranks(stopped) + " still running (stopped by the launcher)" + leftovers_text(leftovers);
+      if (!stopped.empty())
+        res.message += tail_section("rank " + std::to_string(stopped[0]), setup.logs[stopped[0]], capped);
+      return res;
+    }
+    res.first_failed_rank = cause_rank >= 0 ? cause_rank : w.failed_rank;
+    const std::string failure =
+        "rank " + std::to_string(w.failed_rank) + " " + how_it_ended(g.exits[w.failed_rank], w.failed_at);
     res.message = cause_rank >= 0 ? cause_text + "; then " + failure : failure;
     if (!stopped.empty()) res.message += "; " + join_ranks(stopped) + " still running (stopped by the launcher)";
     res.message += leftovers_text(leftovers);
-    res.message += tail_section("rank " + std::to_string(failed_rank), logs[failed_rank], capped);
+    res.message += tail_section("rank " + std::to_string(w.failed_rank), setup.logs[w.failed_rank], capped);
     return res;
   }
   kill_descendants();
   capped.finish();
   res.ranks = g.exits;
   res.ok = true;
-  res.message = "all " + std::to_string(world) + " ranks exited with code 0 after " +
-                fmt_seconds(seconds_since(start));
+  res.message = "all " + std::to_string(world) + " ranks exited with code 0 after " + fmt_seconds(seconds_since(start));
   return res;
 }
 

@@ -244,6 +244,97 @@ struct Placed {
   std::string file;
 };
 
+// The row-major intervals of a box of extent t.shape at offset `at` in a tensor of `shape`.
+void box_intervals(const HostTensor& t, const std::vector<int64_t>& shape, const std::vector<int64_t>& at,
+                   std::vector<std::pair<int64_t, int64_t>>& out) {
+  if (t.numel() == 0) return;
+  const size_t dims = shape.size();
+  const int64_t row = dims ? t.shape[dims - 1] : 1;
+  std::vector<int64_t> idx(dims, 0);
+  for (int64_t done = 0; done < t.numel(); done += row) {
+    int64_t fl = 0;
+    for (size_t d = 0; d < dims; ++d) fl = fl * shape[d] + at[d] + idx[d];
+    out.push_back({fl, fl + row});
+    for (size_t d = dims - 1; dims > 1 && d-- > 0;) {
+      if (++idx[d] < t.shape[d]) break;
+      idx[d] = 0;
+    }
+  }
+}
+
+// A stored piece t of a tensor of `shape`, placed by its entry: 'flat' ([begin, end) of the
+// row-major tensor, stored 1-D) or 'offset' (a box of t's extent, stored with the tensor's rank).
+Placed place_piece(const Fields& f, const json& entry, const HostTensor& t, const std::vector<int64_t>& shape,
+                   const std::string& file) {
+  int64_t numel = 1;
+  for (int64_t d : shape) numel *= d;
+  Placed p;
+  p.piece = t.source->pieces.at(0);
+  p.file = file;
+  const bool flat = entry.contains("flat"), box = entry.contains("offset");
+  if (flat == box) f.fail("give exactly one of 'flat' ([begin, end) of the row-major tensor) and 'offset'");
+  if (flat) {
+    const auto be = int_array(f, "flat", 2);
+    if (be[0] < 0 || be[0] > be[1] || be[1] > numel)
+      f.fail("'flat' [" + std::to_string(be[0]) + ", " + std::to_string(be[1]) + ") is not a range of the " +
+             std::to_string(numel) + " elements");
+    if (t.shape != std::vector<int64_t>{be[1] - be[0]})
+      f.fail("a 'flat' piece is stored 1-D with " + std::to_string(be[1] - be[0]) + " elements");
+    p.piece.flat_begin = be[0];
+    if (be[1] > be[0]) p.intervals.push_back({be[0], be[1]});
+    return p;
+  }
+  const auto at = int_array(f, "offset", shape.size());
+  if (t.shape.size() != shape.size()) f.fail("a box piece is stored with the tensor's number of dimensions");
+  for (size_t d = 0; d < shape.size(); ++d)
+    if (at[d] < 0 || at[d] + t.shape[d] > shape[d])
+      f.fail("the box of extent " + std::to_string(t.shape[d]) + " at offset " + std::to_string(at[d]) +
+             " leaves dimension " + std::to_string(d) + " (" + std::to_string(shape[d]) + ")");
+  p.piece.at = at;
+  p.piece.box = t.shape;
+  box_intervals(t, shape, at, p.intervals);
+  return p;
+}
+
+// One replica's tensor from its pieces (null: none), every element held exactly once; `in`
+// names the replica and tensor in errors, `files` the replica's files.
+HostTensor assemble_tensor(const std::string& in, const std::string& tensor, const TensorExpectation& want,
+                           const std::vector<Placed>* pieces, const std::string& files) {
+  int64_t numel = 1;
+  for (int64_t d : want.shape) numel *= d;
+  std::vector<std::pair<std::pair<int64_t, int64_t>, const Placed*>> iv;
+  if (pieces)
+    for (const Placed& p : *pieces)
+      for (const auto& x : p.intervals) iv.push_back({x, &p});
+  std::sort(iv.begin(), iv.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  int64_t covered = 0;
+  const Placed* last = nullptr;
+  for (const auto& [x, p] : iv) {
+    if (x.first < covered)
+      throw ArtifactError(in + ": elements [" + std::to_string(x.first) + ", " +
+                          std::to_string(std::min(x.second, covered)) + ") are held twice (" + last->file + " and " +
+                          p->file + ")");
+    if (x.first > covered)
+      throw ArtifactError(in + ": elements [" + std::to_string(covered) + ", " + std::to_string(x.first) + ") of " +
+                          std::to_string(numel) + " are in no shard (files of the group: " + files + ")");
+    covered = x.second;
+    last = p;
+  }
+  if (covered < numel)
+    throw ArtifactError(in + ": elements [" + std::to_string(covered) + ", " + std::to_string(numel) + ") of " +
+                        std::to_string(numel) + " are in no shard (files of the group: " + files + ")");
+  HostTensor t;
+  t.name = tensor;
+  t.shape = want.shape;
+  t.dtype = want.dtype;
+  auto src = std::make_shared<TensorSource>();
+  if (pieces)
+    for (const Placed& p : *pieces) src->pieces.push_back(p.piece);
+  if (numel == 0) t.held = {};  // nothing to read
+  else t.source = std::move(src);
+  return t;
+}
+
 Replicas read_shards(const std::string& dir, const std::vector<std::string>& files,
                      const std::map<std::string, TensorExpectation>& expect, const std::string& what) {
   uint64_t model_bytes = 0;  // the cap of one file: one whole copy of the model (NOTE [artifact files])
@@ -253,8 +344,7 @@ Replicas read_shards(const std::string& dir, const std::vector<std::string>& fil
     model_bytes += b;
   }
   std::map<std::pair<std::string, int>, std::vector<Placed>> by_tensor;  // (tensor, replica) -> pieces
-  std::set<int> replicas;
-  std::map<int, std::set<std::string>> files_of;
+  std::map<int, std::set<std::string>> files_of;                        // replica -> its files
   for (const std::string& file : files) {
     const std::string path = dir + "/" + file;
     std::map<std::string, std::string> meta;
@@ -281,93 +371,21 @@ Replicas read_shards(const std::string& dir, const std::vector<std::string>& fil
       if (t.dtype != e->second.dtype)
         f.fail("dtype " + dtype_name(t.dtype) + " but the plan expects " + dtype_name(e->second.dtype));
       const int replica = static_cast<int>(f.integer("replica", 0, 1 << 20));
-      int64_t numel = 1;
-      for (int64_t d : shape) numel *= d;
-      Placed p;
-      p.piece = t.source->pieces.at(0);
-      p.file = file;
-      const bool flat = placement.at(name).contains("flat"), box = placement.at(name).contains("offset");
-      if (flat == box) f.fail("give exactly one of 'flat' ([begin, end) of the row-major tensor) and 'offset'");
-      if (flat) {
-        const auto be = int_array(f, "flat", 2);
-        if (be[0] < 0 || be[0] > be[1] || be[1] > numel)
-          f.fail("'flat' [" + std::to_string(be[0]) + ", " + std::to_string(be[1]) + ") is not a range of the " +
-                 std::to_string(numel) + " elements");
-        if (t.shape != std::vector<int64_t>{be[1] - be[0]})
-          f.fail("a 'flat' piece is stored 1-D with " + std::to_string(be[1] - be[0]) + " elements");
-        p.piece.flat_begin = be[0];
-        if (be[1] > be[0]) p.intervals.push_back({be[0], be[1]});
-      } else {
-        const auto at = int_array(f, "offset", shape.size());
-        if (t.shape.size() != shape.size()) f.fail("a box piece is stored with the tensor's number of dimensions");
-        for (size_t d = 0; d < shape.size(); ++d)
-          if (at[d] < 0 || at[d] + t.shape[d] > shape[d])
-            f.fail("the box of extent " + std::to_string(t.shape[d]) + " at offset " + std::to_string(at[d]) +
-                   " leaves dimension " + std::to_string(d) + " (" + std::to_string(shape[d]) + ")");
-        p.piece.at = at;
-        p.piece.box = t.shape;
-        if (t.numel() > 0) {  // its rows as row-major intervals
-          const size_t dims = shape.size();
-          const int64_t row = dims ? t.shape[dims - 1] : 1;
-          std::vector<int64_t> idx(dims, 0);
-          for (int64_t done = 0; done < t.numel(); done += row) {
-            int64_t fl = 0;
-            for (size_t d = 0; d < dims; ++d) fl = fl * shape[d] + at[d] + idx[d];
-            p.intervals.push_back({fl, fl + row});
-            for (size_t d = dims - 1; dims > 1 && d-- > 0;) {
-              if (++idx[d] < t.shape[d]) break;
-              idx[d] = 0;
-            }
-          }
-        }
-      }
-      replicas.insert(replica);
+      Placed p = place_piece(f, placement.at(name), t, shape, file);
       files_of[replica].insert(file);
       by_tensor[{tensor, replica}].push_back(std::move(p));
     }
   }
-  if (replicas.empty()) throw ArtifactError(dir + ": " + what + ": the shard files hold no tensor");
+  if (files_of.empty()) throw ArtifactError(dir + ": " + what + ": the shard files hold no tensor");
   Replicas out;
-  for (int r : replicas) {
+  for (const auto& [r, names] : files_of) {
     ReplicaGroup& g = out[r];
-    for (const std::string& f : files_of[r]) g.files += (g.files.empty() ? "" : ", ") + f;
+    for (const std::string& f : names) g.files += (g.files.empty() ? "" : ", ") + f;
     for (const auto& [tensor, want] : expect) {
-      int64_t numel = 1;
-      for (int64_t d : want.shape) numel *= d;
       const std::string in = dir + ": " + what + ": replica " + std::to_string(r) + ": tensor '" + tensor + "'";
       auto it = by_tensor.find({tensor, r});
-      std::vector<std::pair<std::pair<int64_t, int64_t>, const Placed*>> iv;
-      if (it != by_tensor.end())
-        for (const Placed& p : it->second)
-          for (const auto& x : p.intervals) iv.push_back({x, &p});
-      std::sort(iv.begin(), iv.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-      int64_t covered = 0;
-      const Placed* last = nullptr;
-      for (const auto& [x, p] : iv) {
-        if (x.first < covered)
-          throw ArtifactError(in + ": elements [" + std::to_string(x.first) + ", " +
-                              std::to_string(std::min(x.second, covered)) + ") are held twice (" + last->file +
-                              " and " + p->file + ")");
-        if (x.first > covered)
-          throw ArtifactError(in + ": elements [" + std::to_string(covered) + ", " + std::to_string(x.first) +
-                              ") of " + std::to_string(numel) + " are in no shard (files of the group: " + g.files +
-                              ")");
-        covered = x.second;
-        last = p;
-      }
-      if (covered < numel)
-        throw ArtifactError(in + ": elements [" + std::to_string(covered) + ", " + std::to_string(numel) + ") of " +
-                            std::to_string(numel) + " are in no shard (files of the group: " + g.files + ")");
-      HostTensor t;
-      t.name = tensor;
-      t.shape = want.shape;
-      t.dtype = want.dtype;
-      auto src = std::make_shared<TensorSource>();
-      if (it != by_tensor.end())
-        for (const Placed& p : it->second) src->pieces.push_back(p.piece);
-      if (numel == 0) t.held = {};  // nothing to read
-      else t.source = std::move(src);
-      g.tensors.emplace(tensor, std::move(t));
+      g.tensors.emplace(tensor, assemble_tensor(in, tensor, want, it == by_tensor.end() ? nullptr : &it->second,
+                                                g.files));
     }
   }
   return out;

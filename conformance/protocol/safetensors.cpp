@@ -128,87 +128,70 @@ void write_safetensors(const std::string& path, const TensorMap& tensors,
 
 namespace {
 
-// A validated header: its tensors, by name order as nlohmann iterates the object.
-std::vector<Entry> parse_header(const std::string& label, const std::string& header_text, uint64_t data_len,
-                                const std::map<std::string, TensorExpectation>& expect,
-                                std::map<std::string, std::string>* metadata = nullptr) {
-  auto fail = [&](const std::string& what) -> ArtifactError {
-    return ArtifactError(label + ": " + what);
-  };
-  auto fail_tensor = [&](const std::string& name, const std::string& what) -> ArtifactError {
-    return ArtifactError(label + ": tensor '" + name + "': " + what);
-  };
-  // As Python safetensors 0.8 reads it: the header starts with '{' and is JSON up to its
-  // padding (spaces); a NUL would end nlohmann's input early and hide what follows it.
-  if (header_text[0] != '{') throw fail("safetensors header does not start with '{'");
-  if (header_text.find('\0') != std::string::npos) throw fail("safetensors header holds a NUL byte");
-  json header;
-  if (auto p = parse_json_strict(header_text, header)) {
-    if (p->kind == JsonProblem::Kind::DuplicateKey && p->path == p->key)
-      throw fail_tensor(p->key, "named twice in the header (the last would silently win)");
-    throw fail("safetensors header: " + p->message());
+ArtifactError header_error(const std::string& label, const std::string& what) {
+  return ArtifactError(label + ": " + what);
+}
+ArtifactError tensor_error(const std::string& label, const std::string& name, const std::string& what) {
+  return ArtifactError(label + ": tensor '" + name + "': " + what);
+}
+
+// One tensor's header entry: its dtype, shape and data offsets, each checked against the data
+// section of data_len bytes.
+Entry parse_entry(const std::string& label, const std::string& name, const json& value, uint64_t data_len) {
+  auto fail_tensor = [&](const std::string& n, const std::string& what) { return tensor_error(label, n, what); };
+  if (!value.is_object()) throw fail_tensor(name, "header entry is not a JSON object");
+  for (const char* field : {"dtype", "shape", "data_offsets"})
+    if (!value.contains(field)) throw fail_tensor(name, std::string("missing \"") + field + "\"");
+
+  Entry e;
+  e.name = name;
+  const json& dtype = value["dtype"];
+  if (!dtype.is_string()) throw fail_tensor(name, "\"dtype\" is not a string");
+  if (!parse_safetensors_dtype(dtype.get<std::string>(), e.dtype))
+    throw fail_tensor(name, "unknown dtype '" + dtype.get<std::string>() +
+                                "' (expected F64, F32 or BF16)");
+
+  const json& shape = value["shape"];
+  if (!shape.is_array()) throw fail_tensor(name, "\"shape\" is not an array");
+  const int64_t max_numel =
+      std::numeric_limits<int64_t>::max() / static_cast<int64_t>(dtype_bytes(e.dtype));
+  e.numel = 1;
+  for (const json& d : shape) {
+    int64_t dim;
+    if (!json_to_int64(d, dim)) throw fail_tensor(name, "\"shape\" holds a non-integer dimension");
+    if (dim < 0) throw fail_tensor(name, "\"shape\" holds negative dimension " + std::to_string(dim));
+    e.shape.push_back(dim);
+    if (dim != 0 && e.numel > max_numel / dim)
+      throw fail_tensor(name, "shape size overflows");
+    e.numel *= dim;
   }
-  if (!header.is_object()) throw fail("safetensors header is not a JSON object");
+  if (e.numel > max_numel) throw fail_tensor(name, "shape size overflows");
 
-  std::vector<Entry> entries;
-  for (const auto& [name, value] : header.items()) {
-    if (name == "__metadata__") {
-      if (!value.is_object()) throw fail("\"__metadata__\" is not a JSON object");
-      for (const auto& [key, v] : value.items())
-        if (!v.is_string()) throw fail("\"__metadata__\" entry '" + key + "' is not a string");
-        else if (metadata) (*metadata)[key] = v.get<std::string>();
-      continue;
-    }
-    if (!value.is_object()) throw fail_tensor(name, "header entry is not a JSON object");
-    for (const char* field : {"dtype", "shape", "data_offsets"})
-      if (!value.contains(field)) throw fail_tensor(name, std::string("missing \"") + field + "\"");
+  const json& offsets = value["data_offsets"];
+  if (!offsets.is_array() || offsets.size() != 2 || !json_to_int64(offsets[0], e.begin) ||
+      !json_to_int64(offsets[1], e.end) || e.begin < 0)
+    throw fail_tensor(name, "\"data_offsets\" is not two non-negative integers");
+  if (e.begin > e.end)
+    throw fail_tensor(name, "data_offsets [" + std::to_string(e.begin) + "," +
+                                std::to_string(e.end) + "] begin past end");
+  if (static_cast<uint64_t>(e.end) > data_len)
+    throw fail_tensor(name, "data_offsets end " + std::to_string(e.end) +
+                                " lies beyond the data section of " + std::to_string(data_len) +
+                                " bytes (file truncated?)");
+  const int64_t want = e.numel * static_cast<int64_t>(dtype_bytes(e.dtype));
+  if (e.end - e.begin != want)
+    throw fail_tensor(name, "data_offsets span " + std::to_string(e.end - e.begin) +
+                                " bytes but shape " + shape_text(e.shape) + " of " +
+                                safetensors_dtype(e.dtype) + " needs " + std::to_string(want));
+  return e;
+}
 
-    Entry e;
-    e.name = name;
-    const json& dtype = value["dtype"];
-    if (!dtype.is_string()) throw fail_tensor(name, "\"dtype\" is not a string");
-    if (!parse_safetensors_dtype(dtype.get<std::string>(), e.dtype))
-      throw fail_tensor(name, "unknown dtype '" + dtype.get<std::string>() +
-                                  "' (expected F64, F32 or BF16)");
-
-    const json& shape = value["shape"];
-    if (!shape.is_array()) throw fail_tensor(name, "\"shape\" is not an array");
-    const int64_t max_numel =
-        std::numeric_limits<int64_t>::max() / static_cast<int64_t>(dtype_bytes(e.dtype));
-    e.numel = 1;
-    for (const json& d : shape) {
-      int64_t dim;
-      if (!json_to_int64(d, dim)) throw fail_tensor(name, "\"shape\" holds a non-integer dimension");
-      if (dim < 0) throw fail_tensor(name, "\"shape\" holds negative dimension " + std::to_string(dim));
-      e.shape.push_back(dim);
-      if (dim != 0 && e.numel > max_numel / dim)
-        throw fail_tensor(name, "shape size overflows");
-      e.numel *= dim;
-    }
-    if (e.numel > max_numel) throw fail_tensor(name, "shape size overflows");
-
-    const json& offsets = value["data_offsets"];
-    if (!offsets.is_array() || offsets.size() != 2 || !json_to_int64(offsets[0], e.begin) ||
-        !json_to_int64(offsets[1], e.end) || e.begin < 0)
-      throw fail_tensor(name, "\"data_offsets\" is not two non-negative integers");
-    if (e.begin > e.end)
-      throw fail_tensor(name, "data_offsets [" + std::to_string(e.begin) + "," +
-                                  std::to_string(e.end) + "] begin past end");
-    if (static_cast<uint64_t>(e.end) > data_len)
-      throw fail_tensor(name, "data_offsets end " + std::to_string(e.end) +
-                                  " lies beyond the data section of " + std::to_string(data_len) +
-                                  " bytes (file truncated?)");
-    const int64_t want = e.numel * static_cast<int64_t>(dtype_bytes(e.dtype));
-    if (e.end - e.begin != want)
-      throw fail_tensor(name, "data_offsets span " + std::to_string(e.end - e.begin) +
-                                  " bytes but shape " + shape_text(e.shape) + " of " +
-                                  safetensors_dtype(e.dtype) + " needs " + std::to_string(want));
-    entries.push_back(std::move(e));
-  }
-
-  // The tensors tile the data section exactly, as Python safetensors 0.8 requires: sorted
-  // by offsets, each begins where the previous ended (no overlap, no gap), and the last
-  // ends at the end of the file (no trailing bytes).
+// The tensors tile the data section exactly, as Python safetensors 0.8 requires: sorted
+// by offsets, each begins where the previous ended (no overlap, no gap), and the last
+// ends at the end of the file (no trailing bytes).
+void check_tiling(const std::string& label, const std::vector<Entry>& entries, uint64_t data_len) {
+  auto fail = [&](const std::string& what) { return header_error(label, what); };
+  auto fail_tensor = [&](const std::string& n, const std::string& what) { return tensor_error(label, n, what); };
   std::vector<const Entry*> by_offset;
   for (const Entry& e : entries) by_offset.push_back(&e);
   std::sort(by_offset.begin(), by_offset.end(), [](const Entry* a, const Entry* b) {
@@ -230,26 +213,62 @@ std::vector<Entry> parse_header(const std::string& label, const std::string& hea
     throw fail(std::to_string(data_len - static_cast<uint64_t>(covered)) + " trailing bytes after the last tensor" +
                (prev ? " ('" + prev->name + "')" : std::string()) + ": the data section is " +
                std::to_string(data_len) + " bytes, the tensors cover " + std::to_string(covered));
+}
 
-  if (!expect.empty()) {
-    for (const auto& kv : expect) {
-      // Not a structured binding: C++17 lambdas cannot capture one (clang rejects it).
-      const std::string& name = kv.first;
-      const TensorExpectation& want = kv.second;
-      auto it = std::find_if(entries.begin(), entries.end(),
-                             [&name](const Entry& e) { return e.name == name; });
-      if (it == entries.end()) throw fail("tensor '" + name + "' is missing");
-      if (it->shape != want.shape)
-        throw fail_tensor(name, "shape " + shape_text(it->shape) + " but the plan expects " +
-                                    shape_text(want.shape));
-      if (it->dtype != want.dtype)
-        throw fail_tensor(name, "dtype " + dtype_name(it->dtype) + " but the plan expects " +
-                                    dtype_name(want.dtype));
-    }
-    for (const Entry& e : entries)
-      if (!expect.count(e.name)) throw fail("tensor '" + e.name + "' is not expected");
+// The tensors the plan expects, each of its shape and dtype, and no other.
+void check_expected(const std::string& label, const std::vector<Entry>& entries,
+                    const std::map<std::string, TensorExpectation>& expect) {
+  auto fail = [&](const std::string& what) { return header_error(label, what); };
+  auto fail_tensor = [&](const std::string& n, const std::string& what) { return tensor_error(label, n, what); };
+  for (const auto& kv : expect) {
+    // Not a structured binding: C++17 lambdas cannot capture one (clang rejects it).
+    const std::string& name = kv.first;
+    const TensorExpectation& want = kv.second;
+    auto it = std::find_if(entries.begin(), entries.end(),
+                           [&name](const Entry& e) { return e.name == name; });
+    if (it == entries.end()) throw fail("tensor '" + name + "' is missing");
+    if (it->shape != want.shape)
+      throw fail_tensor(name, "shape " + shape_text(it->shape) + " but the plan expects " +
+                                  shape_text(want.shape));
+    if (it->dtype != want.dtype)
+      throw fail_tensor(name, "dtype " + dtype_name(it->dtype) + " but the plan expects " +
+                                  dtype_name(want.dtype));
   }
+  for (const Entry& e : entries)
+    if (!expect.count(e.name)) throw fail("tensor '" + e.name + "' is not expected");
+}
 
+// A validated header: its tensors, by name order as nlohmann iterates the object.
+std::vector<Entry> parse_header(const std::string& label, const std::string& header_text, uint64_t data_len,
+                                const std::map<std::string, TensorExpectation>& expect,
+                                std::map<std::string, std::string>* metadata = nullptr) {
+  auto fail = [&](const std::string& what) { return header_error(label, what); };
+  auto fail_tensor = [&](const std::string& n, const std::string& what) { return tensor_error(label, n, what); };
+  // As Python safetensors 0.8 reads it: the header starts with '{' and is JSON up to its
+  // padding (spaces); a NUL would end nlohmann's input early and hide what follows it.
+  if (header_text[0] != '{') throw fail("safetensors header does not start with '{'");
+  if (header_text.find('\0') != std::string::npos) throw fail("safetensors header holds a NUL byte");
+  json header;
+  if (auto p = parse_json_strict(header_text, header)) {
+    if (p->kind == JsonProblem::Kind::DuplicateKey && p->path == p->key)
+      throw fail_tensor(p->key, "named twice in the header (the last would silently win)");
+    throw fail("safetensors header: " + p->message());
+  }
+  if (!header.is_object()) throw fail("safetensors header is not a JSON object");
+
+  std::vector<Entry> entries;
+  for (const auto& [name, value] : header.items()) {
+    if (name == "__metadata__") {
+      if (!value.is_object()) throw fail("\"__metadata__\" is not a JSON object");
+      for (const auto& [key, v] : value.items())
+        if (!v.is_string()) throw fail("\"__metadata__\" entry '" + key + "' is not a string");
+        else if (metadata) (*metadata)[key] = v.get<std::string>();
+      continue;
+    }
+    entries.push_back(parse_entry(label, name, value, data_len));
+  }
+  check_tiling(label, entries, data_len);
+  if (!expect.empty()) check_expected(label, entries, expect);
   return entries;
 }
 

@@ -207,6 +207,105 @@ CheckResult check_checkpoint(const Spec& spec, const Plan& plan, const std::stri
   return c;
 }
 
+// A run's artifacts; a resumed run's legs (NOTE [resume]) are read as one run over the windows
+// both trained.
+std::vector<BackendUpdate> read_legs(const RunPlan& run, const TensorMap& shapes, const std::string& nonce) {
+  const RunRequest& req = run.request;
+  const Spec& spec = run.spec;
+  const Plan& plan = run.plan;
+  if (!run.resumed()) return read_run(req.run_dir, plan, plan.world(), shapes, spec.dtype, nonce);
+  const int K = spec.resume.at, N = static_cast<int>(plan.windows.size());
+  std::vector<BackendUpdate> artifacts =
+      read_run(req.run_dir, plan, plan.world(), shapes, spec.dtype, nonce, {"leg1.", 0, K});
+  for (auto& u : read_run(req.run_dir, run.checked, run.final_leg().plan.world(), shapes, spec.dtype, nonce,
+                          {"leg2.", K, N - K}))
+    artifacts.push_back(std::move(u));
+  return artifacts;
+}
+
+// The reference a run is judged against, and the tolerances it is held to.
+struct Judged {
+  std::vector<ReferenceUpdate> reference, forced;  // NOTE [teacher forcing]
+  double parity_tol = 0, scale_tol = 0;
+};
+
+// The Python reference runner's (a model factory, clipping, an observed job), with the diagnosis.
+Judged python_reference(RunReport& report, const RunPlan& run, const std::vector<BackendUpdate>& artifacts,
+                        const TensorMap& shapes, const std::string& work_dir) {
+  const RunRequest& req = run.request;
+  const Spec& spec = run.spec;
+  const Plan& plan = run.plan;
+  Judged j{{}, {}, spec.parity_tolerance(), spec.scale_tolerance()};
+  const std::string ref_dir = work_dir + "/reference";
+  // The spec's factory, which `check --spec` may move (the runner's default is plan.json's).
+  const std::string factory = spec.model.factory.empty() ? "" : " --factory '" + spec.model.factory + "'";
+  // The pieces are taken at the stack's own parameters (NOTE [pieces at the stack's
+  // parameters]): the diagnosis then judges every update, diverged or not.
+  run_python_tool(spec, "reference", "--run-dir '" + req.run_dir + "' --out '" + ref_dir + "'" + factory +
+                                         (req.sampler_audit ? " --ids-from-ranks" : "") + " --pieces-at '" +
+                                         req.run_dir + "'",
+                  work_dir, "reference-log", run.python);
+  ReferenceRun ref = read_reference_run(ref_dir, plan, shapes);
+  j.reference = std::move(ref.updates);
+  j.forced = std::move(ref.forced);
+  // NOTE [inner precision] An observed job's model that computes in float32 (or lower) inside
+  // although its parameters are float64 (Llama's RMSNorm upcasts to float32, which for a float64
+  // model rounds): the job and the reference, batching the same rows otherwise, round at that
+  // boundary differently, so the run is held to that dtype's calibrated tolerance (as for
+  // autocast), and the note says so. The probe (the reference runner's one traced forward)
+  // names the ops; float64 throughout keeps float64's tolerance.
+  if (run.observed && spec.dtype == DType::Float64 && !ref.lowest_inner_dtype.empty()) {
+    const bool bf = ref.lowest_inner_dtype != "float32";
+    j.parity_tol = bf ? spec.tolerance.bfloat16 : spec.tolerance.float32;
+    j.scale_tol = bf ? spec.tolerance.scale_bfloat16 : spec.tolerance.scale_float32;
+  }
+  report.diagnosis = diagnose(ref.pieces, j.reference, artifacts, plan.dp, plan.accum, j.parity_tol, ref.pieces_at_stack);
+  if (!ref.float64_throughout)
+    report.diagnosis.note += "; NOTE: the model computes in lower precision inside although cast to float64 (" +
+                             ref.precision_note + ")" +
+                             (j.parity_tol != spec.parity_tolerance()
+                                  ? ": held to " + ref.lowest_inner_dtype + "'s calibrated tolerances (NOTE [inner precision])"
+                                  : std::string());
+  return j;
+}
+
+// The C++ reference's: free-running from the cache (NOTE [reference cache]), the thread of NOTE
+// [early reference], or computed now; a big model's is streamed through spill_dir.
+Judged cpp_reference(RunReport& report, const RunPlan& run, const std::vector<BackendUpdate>& artifacts,
+                     const std::string& spill_dir, EarlyReference* early) {
+  const Spec& spec = run.spec;
+  const Plan ref_plan = run.request.sampler_audit ? plan_from_consumed(run, artifacts) : run.checked;
+  ReferenceCache& cache = reference_cache();
+  const std::vector<ReferenceUpdate>* free = cache.find(spec, ref_plan);
+  std::vector<ReferenceUpdate> early_free;
+  if (!free && early && early->free.valid() && ReferenceCache::same(spec, early->plan, ref_plan)) {
+    early_free = early->free.get();
+    free = early->spill_dir.empty() ? cache.keep(spec, ref_plan, std::move(early_free)) : &early_free;
+  }
+  if (!free && ReferenceCache::keeps(spec, ref_plan))
+    free = cache.keep(spec, ref_plan, free_running_reference(spec, ref_plan));
+  References refs = run_references(spec, ref_plan, artifacts, spill_dir, free);
+  report.diagnosis.note = "no diagnosis: the C++ reference computes no per-piece gradients (run with --model)";
+  return Judged{std::move(refs.free_running), std::move(refs.forced), spec.parity_tolerance(),
+                spec.scale_tolerance()};
+}
+
+// A resumed run's own findings: a trajectory that breaks exactly where the second leg began,
+// and the checkpoint check (an external stack names itself in its checkpoint: NOTE [stack
+// checkpoints]).
+void resume_findings(RunReport& report, const RunPlan& run, const std::string& nonce, const TensorMap& shapes,
+                     const std::vector<BackendUpdate>& artifacts) {
+  const Spec& spec = run.spec;
+  const std::string at = "first failing update " + std::to_string(spec.resume.at) + " ";
+  for (auto& c : report.checks)
+    if (c.verdict == Verdict::Fail && c.detail.find(at) != std::string::npos)
+      c.detail += "; update " + std::to_string(spec.resume.at) +
+                  " is the first the resumed leg ran, and every update before it passed: the state did not "
+                  "survive the checkpoint (NOTE [resume])";
+  report.checks.push_back(check_checkpoint(spec, run.plan, run.request.run_dir, nonce, shapes, artifacts,
+                                           run.external() ? "" : run.request.backend));
+}
+
 }  // namespace
 
 // NOTE [checking a run folder] What follows the launch, and all `gradcert check` does: read
@@ -239,107 +338,37 @@ void check_artifacts(RunReport& report, const RunPlan& run, const std::string& n
   try {
     // Names, shapes and dtypes only: the values of the initial weights are not needed here.
     const TensorMap shapes = model_shapes(spec, req.run_dir);
-    // A resumed run's legs (NOTE [resume]) are read as one run over the windows both trained.
-    const bool resumed = run.resumed();
-    const Plan& plan_in = run.checked;
-    std::vector<BackendUpdate> artifacts;
-    if (!resumed) {
-      artifacts = read_run(req.run_dir, plan, plan.world(), shapes, spec.dtype, nonce);
-    } else {
-      const int K = spec.resume.at, N = static_cast<int>(plan.windows.size());
-      artifacts = read_run(req.run_dir, plan, plan.world(), shapes, spec.dtype, nonce, {"leg1.", 0, K});
-      for (auto& u : read_run(req.run_dir, plan_in, run.legs[1].plan.world(), shapes, spec.dtype, nonce, {"leg2.", K, N - K}))
-        artifacts.push_back(std::move(u));
-    }
+    const std::vector<BackendUpdate> artifacts = read_legs(run, shapes, nonce);
     // NOTE [sampler audit] The ledger and update size are checked against the plan (so a
     // duplicated or dropped example is a finding); the gradients against a reference over
     // the ids the stack really consumed (so the gradient math is judged on its own data).
-    std::vector<ReferenceUpdate> reference, forced;  // NOTE [teacher forcing]
-    double parity_tol = spec.parity_tolerance(), scale_tol = spec.scale_tolerance();
-    if (needs_python_reference(spec)) {
-      const std::string ref_dir = work_dir + "/reference";
-      // The spec's factory, which `check --spec` may move (the runner's default is plan.json's).
-      const std::string factory = spec.model.factory.empty() ? "" : " --factory '" + spec.model.factory + "'";
-      // The pieces are taken at the stack's own parameters (NOTE [pieces at the stack's
-      // parameters]): the diagnosis then judges every update, diverged or not.
-      run_python_tool(spec, "reference", "--run-dir '" + req.run_dir + "' --out '" + ref_dir + "'" + factory +
-                                             (req.sampler_audit ? " --ids-from-ranks" : "") + " --pieces-at '" +
-                                             req.run_dir + "'",
-                      work_dir, "reference-log", run.python);
-      ReferenceRun ref = read_reference_run(ref_dir, plan, shapes);
-      reference = std::move(ref.updates);
-      forced = std::move(ref.forced);
-      // NOTE [inner precision] An observed job's model that computes in float32 (or lower) inside
-      // although its parameters are float64 (Llama's RMSNorm upcasts to float32, which for a float64
-      // model rounds): the job and the reference, batching the same rows otherwise, round at that
-      // boundary differently, so the run is held to that dtype's calibrated tolerance (as for
-      // autocast), and the note says so. The probe (the reference runner's one traced forward)
-      // names the ops; float64 throughout keeps float64's tolerance.
-      if (run.observed && spec.dtype == DType::Float64 && !ref.lowest_inner_dtype.empty()) {
-        const bool bf = ref.lowest_inner_dtype != "float32";
-        parity_tol = bf ? spec.tolerance.bfloat16 : spec.tolerance.float32;
-        scale_tol = bf ? spec.tolerance.scale_bfloat16 : spec.tolerance.scale_float32;
-      }
-      report.diagnosis = diagnose(ref.pieces, reference, artifacts, plan.dp, plan.accum, parity_tol, ref.pieces_at_stack);
-      if (!ref.float64_throughout)
-        report.diagnosis.note += "; NOTE: the model computes in lower precision inside although cast to float64 (" +
-                                 ref.precision_note + ")" +
-                                 (parity_tol != spec.parity_tolerance()
-                                      ? ": held to " + ref.lowest_inner_dtype + "'s calibrated tolerances (NOTE [inner precision])"
-                                      : std::string());
-    } else {
-      remove_spill.armed = true;
-      const Plan ref_plan = req.sampler_audit ? plan_from_consumed(run, artifacts) : plan_in;
-      // Free-running: from the cache (NOTE [reference cache]), the thread of NOTE [early reference],
-      // or computed now; a big model's is streamed through spill_dir.
-      ReferenceCache& cache = reference_cache();
-      const std::vector<ReferenceUpdate>* free = cache.find(spec, ref_plan);
-      std::vector<ReferenceUpdate> early_free;
-      if (!free && early && early->free.valid() && ReferenceCache::same(spec, early->plan, ref_plan)) {
-        early_free = early->free.get();
-        free = early->spill_dir.empty() ? cache.keep(spec, ref_plan, std::move(early_free)) : &early_free;
-      }
-      if (!free && ReferenceCache::keeps(spec, ref_plan))
-        free = cache.keep(spec, ref_plan, free_running_reference(spec, ref_plan));
-      References refs = run_references(spec, ref_plan, artifacts, spill_dir, free);
-      reference = std::move(refs.free_running);
-      forced = std::move(refs.forced);
-      report.diagnosis.note = "no diagnosis: the C++ reference computes no per-piece gradients (run with --model)";
-    }
+    remove_spill.armed = !needs_python_reference(spec);
+    const Judged j = remove_spill.armed ? cpp_reference(report, run, artifacts, spill_dir, early)
+                                        : python_reference(report, run, artifacts, shapes, work_dir);
     CheckInput input;
-    input.plan = &plan_in;
+    input.plan = &run.checked;
     input.dataset_size = run.dataset_size();
-    input.reference = &reference;
-    if (!forced.empty()) input.forced = &forced;
+    input.reference = &j.reference;
+    if (!j.forced.empty()) input.forced = &j.forced;
     input.floor_factor = spec.tolerance.floor_factor;
     input.run = &artifacts;
-    input.tolerance = parity_tol;
-    input.scale_tolerance = scale_tol;
+    input.tolerance = j.parity_tol;
+    input.scale_tolerance = j.scale_tol;
     input.targets_of_id = &run.targets_of_id;
     RunMemoryEvidence memory;
     if (run.external() || run.observed) {
       add_throughput(report, plan, artifacts);  // memory: the protocol has no memory file (v1)
-      if (resumed) report.throughput.save_pause_seconds = stack_save_seconds(req.run_dir + "/" + kCheckpointDir);
+      if (run.resumed()) report.throughput.save_pause_seconds = stack_save_seconds(req.run_dir + "/" + kCheckpointDir);
     } else {
       // A resumed run's memory is its second leg's, at that leg's world (NOTE [resume]).
-      memory = resumed ? add_memory_and_throughput(report, run.legs[1].spec, run.legs[1].plan, req.run_dir, artifacts)
-                       : add_memory_and_throughput(report, spec, plan, req.run_dir, artifacts);
+      memory = run.resumed()
+                   ? add_memory_and_throughput(report, run.final_leg().spec, run.final_leg().plan, req.run_dir, artifacts)
+                   : add_memory_and_throughput(report, spec, plan, req.run_dir, artifacts);
       input.memory = &memory;
     }
     report.checks = run_checks(input);
-    if (spec.resume.at > 0) {
-      // The diagnosis of a resume: a trajectory that breaks exactly where the second leg began.
-      const std::string at = "first failing update " + std::to_string(spec.resume.at) + " ";
-      for (auto& c : report.checks)
-        if (c.verdict == Verdict::Fail && c.detail.find(at) != std::string::npos)
-          c.detail += "; update " + std::to_string(spec.resume.at) +
-                      " is the first the resumed leg ran, and every update before it passed: the state did not "
-                      "survive the checkpoint (NOTE [resume])";
-      // An external stack names itself in its checkpoint (NOTE [stack checkpoints]).
-      report.checks.push_back(check_checkpoint(spec, plan, req.run_dir, nonce, shapes, artifacts,
-                                               run.external() ? "" : req.backend));
-    }
-    report.tensor_errors = tensor_errors(forced.empty() ? reference : forced, artifacts);  // per-tensor figures (HTML report)
+    if (spec.resume.at > 0) resume_findings(report, run, nonce, shapes, artifacts);
+    report.tensor_errors = tensor_errors(j.forced.empty() ? j.reference : j.forced, artifacts);  // per-tensor figures (HTML report)
   } catch (const ArtifactError& e) {
     report.error = std::string("bad artifacts: ") + e.what();
   } catch (const std::runtime_error& e) {  // the reference runner failed

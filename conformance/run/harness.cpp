@@ -3,9 +3,9 @@
 #include "conformance/protocol/variables.hpp"
 
 #include "conformance/run/check_artifacts.hpp"
+#include "conformance/run/run_source.hpp"
 #include "conformance/run/reference_source.hpp"
 #include "conformance/checks/diagnosis.hpp"
-#include "conformance/launch/store.hpp"
 #include "conformance/protocol/checkpoint.hpp"
 #include "conformance/protocol/reference_artifacts.hpp"
 #include "conformance/run/python_reference.hpp"
@@ -19,19 +19,14 @@
 #include "conformance/protocol/safetensors.hpp"
 
 #include <torch/version.h>
-#include <malloc.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
-#include <cmath>
 #include <chrono>
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
-#include <fstream>
-#include <future>
-#include <thread>
 
 #include "backends/runtime/comm.hpp"
 #include "backends/runtime/strategy.hpp"
@@ -39,19 +34,12 @@
 #include <nlohmann/json.hpp>
 
 #include "conformance/protocol/artifacts.hpp"
-#include "conformance/core/dataset.hpp"
 #include "conformance/model/model.hpp"
-#include "conformance/model/reference.hpp"
-#include "conformance/core/throughput.hpp"
 #include "conformance/core/strict_json.hpp"
 
 namespace gradcert {
 
 namespace fs = std::filesystem;
-
-namespace {
-
-}  // namespace
 
 std::string stack_traceback(const std::string& log) {
   std::string text;
@@ -86,21 +74,6 @@ std::string command_failure(const std::string& message, const std::string& who, 
   return text + stack_traceback(run_dir + "/rank0.log");
 }
 
-namespace {
-
-// dataset.json: the spec's examples for an external stack (backends/PROTOCOL.md).
-nlohmann::json external_dataset(const Spec& spec) {
-  nlohmann::json samples = nlohmann::json::array();
-  for (int64_t id = 0; id < spec.dataset.size; ++id) {
-    const Sample s = make_sample(spec, id);
-    samples.push_back({{"id", id}, {"tokens", s.tokens}, {"labels", s.labels}});
-  }
-  return {{"schema", "gradcert.dataset/1"}, {"ignore_index", kIgnoreIndex}, {"pad_token", kPadToken},
-          {"samples", samples}};
-}
-
-}  // namespace
-
 RunReport report_of(const RunPlan& run) {
   const RunRequest& req = run.request;
   const Spec& spec = run.spec;
@@ -112,9 +85,9 @@ RunReport report_of(const RunPlan& run) {
   report.optimizer = spec.optimizer.name;
   report.inject = req.inject;
   report.resume_at = spec.resume.at;
-  if (spec.resume.at > 0) {
+  if (run.resumed()) {
     report.resume_backend = spec.resume.backend.empty() ? req.backend : spec.resume.backend;
-    report.resume_world = run.legs.at(1).plan.world();
+    report.resume_world = run.final_leg().plan.world();
   }
   report.updates = static_cast<int>(plan.windows.size());
   report.update_batch = plan.update_batch;
@@ -187,154 +160,98 @@ LaunchedRunPtr launch_run(const RunRequest& req, bool early_reference) {
   return launch_run(make_run_plan(req), early_reference);
 }
 
+namespace {
+
+// spec.json, plan.json, run.json (NOTE [run record]) and the initial weights, drawn once for
+// every rank to load: the built-in ranks' and a stack's (NOTE [initial weights once]).
+void write_run_inputs(const RunPlan& run, const std::string& nonce) {
+  const RunRequest& req = run.request;
+  const Spec& spec = run.spec;
+  write_file_atomic(req.run_dir + "/spec.json", spec_to_json(spec));
+  write_file_atomic(req.run_dir + "/plan.json", plan_to_json(run.plan, spec));
+  write_run_record(req.run_dir, {req.backend, run.world(), spec.topology.tp, spec.topology.pp,
+                                 req.launcher == LauncherKind::Mpirun ? "mpirun" : "local", req.inject,
+                                 req.sampler_audit, run.external() ? req.command : "", nonce});
+  write_safetensors(req.run_dir + "/initial.safetensors", initial_params(spec), {{"schema", "gradcert.initial/1"}});
+}
+
+// NOTE [resume] A resumed run (resume.at = K) is two legs in one run folder. The first leg's
+// ranks train updates [0, K), save a checkpoint (NOTE [checkpoints]) and exit; the harness keeps
+// their records as leg1.* and reads the checkpoint; only if it is complete does a new process
+// group start (a new store; resume.backend; resume.world ranks, with the batch split
+// second_leg_spec gives, so B_update and every window's examples stay): the second leg reads
+// leg2.spec.json / leg2.plan.json, loads the checkpoint, trains [K, end) and measures memory; its
+// records are kept as leg2.*. The checks read both legs as one run over resumed_plan's windows,
+// beside resume.checkpoint on the saved state itself. An incomplete checkpoint ends the run
+// after the first leg: resume.checkpoint fails naming the rank and the tensor, and nothing else
+// is judged.
+//
+// NOTE [stack checkpoints] An external stack saves in its own format: the first leg's command
+// runs with GRADCERT_SAVE_AT=K and GRADCERT_SAVE_DIR (checkpoint.stack/), the second's with
+// GRADCERT_RESUME_FROM (and leg2.plan.json, its world's GRADCERT_NPROC). After the first leg
+// every process has exited; gradcert.ref.dcp_export, a separate process, reads what is on disk
+// with torch.distributed.checkpoint's own metadata (not the stack's load code) and writes
+// gradcert's layout-independent form into checkpoint/ (each DCP chunk as a placed piece of the
+// rank whose __<r>_*.distcp file holds it), so resume.checkpoint judges a DCP checkpoint exactly
+// as a built-in one.
+
+// The leg's name in a failure of a resumed run ("first leg (updates 0..K-1): ").
+std::string leg_title(const RunPlan& run, const RunReport& report, size_t i) {
+  if (!run.resumed()) return "";
+  const int K = run.spec.resume.at;
+  if (i == 0) return "first leg (updates 0.." + std::to_string(K - 1) + "): ";
+  return "second leg (" + report.resume_backend + " on " + std::to_string(run.legs[i].plan.world()) + " ranks, updates " +
+         std::to_string(K) + ".." + std::to_string(run.plan.windows.size() - 1) + "): ";
+}
+
+// The checkpoint the first leg saved, in gradcert's form and complete; "" when it is, else why not.
+std::string saved_checkpoint(RunSource& source, const RunPlan& run, const std::string& nonce) {
+  const std::string& dir = run.request.run_dir;
+  try {
+    source.export_checkpoint(nonce);
+    (void)read_checkpoint(dir + "/" + kCheckpointDir, run.world(),
+                          checkpoint_expectation(model_shapes(run.spec, dir), run.spec.optimizer, run.spec.dtype),
+                          nonce);
+  } catch (const std::runtime_error& e) {  // an incomplete checkpoint (ArtifactError), or one not readable
+    return e.what();
+  }
+  return "";
+}
+
+// The second leg's inputs: its world's split of the same windows (second_leg_spec).
+void write_leg_inputs(const RunPlan& run, size_t i) {
+  if (i == 0) return;
+  const RunLegPlan& leg = run.legs[i];
+  write_file_atomic(run.request.run_dir + "/leg2.spec.json", spec_to_json(leg.spec));
+  write_file_atomic(run.request.run_dir + "/leg2.plan.json", plan_to_json(leg.plan, leg.spec));
+}
+
+}  // namespace
+
 LaunchedRunPtr launch_run(const RunPlan& run, bool early_reference) {
   const auto t0 = std::chrono::steady_clock::now();
   const RunRequest& req = run.request;
-  const Spec& spec = run.spec;
-  const Plan& plan = run.plan;
-  const int world = plan.world();
-  const bool external = run.external();
-
   RunReport report = report_of(run);
   const std::string nonce = prepare_run_folder(req.run_dir);  // NOTE [run nonce]
-  write_file_atomic(req.run_dir + "/spec.json", spec_to_json(spec));
-  write_file_atomic(req.run_dir + "/plan.json", plan_to_json(plan, spec));
-  write_run_record(req.run_dir, {req.backend, world, spec.topology.tp, spec.topology.pp,
-                                 req.launcher == LauncherKind::Mpirun ? "mpirun" : "local", req.inject,
-                                 req.sampler_audit, external ? req.command : "", nonce});  // NOTE [run record]
-
-  // NOTE [store] The harness serves the ranks' rendezvous store itself (NOTE [rank store]), on
-  // an abstract Unix socket of its own for the life of the run: no rank has to win a race for a
-  // free port another run may take first, no name is looked up, and no rank's death takes the
-  // store with it.
-  auto serve_store = [&](int ranks) {
-    std::unique_ptr<StoreServer> served;
-    if (!external && ranks > 1) served = std::make_unique<StoreServer>();
-    return served;
-  };
-  std::unique_ptr<StoreServer> store = serve_store(world);
-  auto worker_argv = [&](const std::string& backend, const std::unique_ptr<StoreServer>& served) {
-    std::vector<std::string> argv = {req.exe, "worker", "--run-dir", req.run_dir, "--backend", backend};
-    if (served) argv.insert(argv.end(), {"--store", served->address()});
-    if (!req.inject.empty()) argv.insert(argv.end(), {"--inject", req.inject});
-    return argv;
-  };
-  LaunchRequest launch_req;
-  launch_req.kind = req.launcher;
-  launch_req.world = world;
-  launch_req.argv = worker_argv(req.backend, store);
-  launch_req.env = {{vars::kRunNonce, nonce}};
-  // The initial weights, drawn once for every rank to load: an external stack's, and the
-  // built-in ranks' (NOTE [initial weights once]).
-  write_safetensors(req.run_dir + "/initial.safetensors", initial_params(spec), {{"schema", "gradcert.initial/1"}});
-  if (external) {
-    // One launcher process runs the command; the stack starts its own ranks (e.g. torchrun).
-    write_file_atomic(req.run_dir + "/dataset.json", external_dataset(spec).dump());
-    // NOTE [model factory] The user's model: the reference runner calls the factory once
-    // (seeded) and writes initial.safetensors with the model's own names and shapes; the
-    // stack and the reference both start from it.
-    if (!spec.model.factory.empty())
-      run_python_tool(spec, "initial", "--plan '" + req.run_dir + "/plan.json' --out '" + req.run_dir +
-                                           "/initial.safetensors'", req.run_dir, "initial");
-    launch_req.kind = LauncherKind::Local;
-    launch_req.rank_env = false;  // the stack's ranks are its own: no GRADCERT_RANK / GRADCERT_WORLD
-    launch_req.world = 1;
-    launch_req.argv = {"/bin/sh", "-c", req.command};
-    launch_req.env = {{vars::kRunDir, req.run_dir},
-                      {vars::kPlan, req.run_dir + "/plan.json"},
-                      {vars::kDataset, req.run_dir + "/dataset.json"},
-                      {vars::kInit, req.run_dir + "/initial.safetensors"},
-                      {vars::kOut, req.run_dir},
-                      {vars::kNproc, std::to_string(world)},
-                      {vars::kMasterPort, std::to_string(free_local_port())},
-                      {vars::kSampler, req.sampler_audit ? "own" : "plan"},
-                      {vars::kDevice, spec.device},
-                      {vars::kRunNonce, nonce}};
-  }
-  launch_req.timeout = std::chrono::milliseconds(static_cast<int64_t>(spec.timeout.run_s * 1000));
-  launch_req.log_dir = req.run_dir;
+  write_run_inputs(run, nonce);
+  std::unique_ptr<RunSource> source = source_of(run);  // NOTE [run sources]
+  source->write_inputs(nonce);
   auto early = std::make_unique<EarlyReference>();  // NOTE [early reference]
-  if (early_reference)
-    start_early_reference(*early, run, run.resumed() ? std::max(world, run.legs[1].plan.world()) : world);
+  if (early_reference) start_early_reference(*early, run, run.widest_leg());
   LaunchResult launched;
   std::string incomplete;  // a resumed run whose first leg saved no loadable checkpoint
-  if (spec.resume.at > 0) {
-    // NOTE [resume] A resumed run (resume.at = K) is two legs in one run folder. The first
-    // leg's ranks train updates [0, K), save a checkpoint (NOTE [checkpoints]) and exit; the
-    // harness keeps their records as leg1.* and reads the checkpoint; only if it is complete
-    // does a new process group start (a new store; resume.backend; resume.world ranks, with the
-    // batch split second_leg_spec gives, so B_update and every window's examples stay): the
-    // second leg reads leg2.spec.json / leg2.plan.json, loads the checkpoint, trains [K, end)
-    // and measures memory; its records are kept as leg2.*. The checks read both legs as one run
-    // over resumed_plan's windows, beside resume.checkpoint on the saved state itself. An
-    // incomplete checkpoint ends the run after the first leg: resume.checkpoint fails naming
-    // the rank and the tensor, and nothing else is judged.
-    //
-    // NOTE [stack checkpoints] An external stack saves in its own format: the first leg's
-    // command runs with GRADCERT_SAVE_AT=K and GRADCERT_SAVE_DIR (checkpoint.stack/), the
-    // second's with GRADCERT_RESUME_FROM (and leg2.plan.json, its world's GRADCERT_NPROC). After
-    // the first leg every process has exited; gradcert.ref.dcp_export, a separate process,
-    // reads what is on disk with torch.distributed.checkpoint's own metadata (not the stack's
-    // load code) and writes gradcert's layout-independent form into checkpoint/ (each DCP
-    // chunk as a placed piece of the rank whose __<r>_*.distcp file holds it), so
-    // resume.checkpoint judges a DCP checkpoint exactly as a built-in one.
-    const std::string cp_dir = req.run_dir + "/" + kCheckpointDir;
-    const std::string stack_dir = req.run_dir + "/checkpoint.stack";
-    LaunchRequest first = launch_req;
-    if (external) {
-      first.env[vars::kSaveAt] = std::to_string(spec.resume.at);
-      first.env[vars::kSaveDir] = stack_dir;
-    } else {
-      first.argv.insert(first.argv.end(), {"--save-at", std::to_string(spec.resume.at)});
+  for (size_t i = 0; i < run.legs.size(); ++i) {
+    write_leg_inputs(run, i);
+    launched = launch(source->leg(i, nonce));
+    if (!launched.ok) {
+      launched.message = leg_title(run, report, i) + launched.message;
+      break;
     }
-    launched = launch(first);
-    if (!launched.ok) launched.message = "first leg (updates 0.." + std::to_string(spec.resume.at - 1) + "): " + launched.message;
-    if (launched.ok) {
-      keep_leg(req.run_dir, world, "leg1");
-      try {
-        if (external)
-          run_python_tool(spec, "dcp_export", "--from '" + stack_dir + "' --out '" + cp_dir + "' --world " +
-                                                  std::to_string(world) + " --nonce " + nonce,
-                          req.run_dir, "checkpoint-export");
-        (void)read_checkpoint(cp_dir, world,
-                              checkpoint_expectation(model_shapes(spec, req.run_dir), spec.optimizer, spec.dtype),
-                              nonce);
-      } catch (const std::runtime_error& e) {  // an incomplete checkpoint (ArtifactError), or one not readable
-        incomplete = e.what();
-      }
-    }
-    if (launched.ok && incomplete.empty()) {
-      // The second leg's inputs: its world's split of the same windows (second_leg_spec).
-      const Spec& second_spec = run.legs[1].spec;
-      const Plan& second_plan = run.legs[1].plan;
-      write_file_atomic(req.run_dir + "/leg2.spec.json", spec_to_json(second_spec));
-      write_file_atomic(req.run_dir + "/leg2.plan.json", plan_to_json(second_plan, second_spec));
-      store = serve_store(second_plan.world());  // a fresh rendezvous: the first group's keys stay behind
-      LaunchRequest second = launch_req;
-      if (external) {  // NOTE [stack checkpoints]
-        second.argv = {"/bin/sh", "-c", spec.resume.command.empty() ? req.command : spec.resume.command};
-        second.env[vars::kPlan] = req.run_dir + "/leg2.plan.json";
-        second.env[vars::kNproc] = std::to_string(second_plan.world());
-        second.env[vars::kMasterPort] = std::to_string(free_local_port());
-        second.env[vars::kResumeFrom] = stack_dir;
-      } else {
-        second.world = second_plan.world();
-        second.argv = worker_argv(report.resume_backend, store);
-        second.argv.insert(second.argv.end(), {"--resume-from", cp_dir, "--spec-file",
-                                               req.run_dir + "/leg2.spec.json", "--plan-file",
-                                               req.run_dir + "/leg2.plan.json"});
-      }
-      launched = launch(second);
-      if (launched.ok) keep_leg(req.run_dir, second_plan.world(), "leg2");
-      else
-        launched.message = "second leg (" + report.resume_backend + " on " + std::to_string(second_plan.world()) +
-                           " ranks, updates " + std::to_string(spec.resume.at) + ".." +
-                           std::to_string(plan.windows.size() - 1) + "): " + launched.message;
-    }
-  } else {
-    launched = launch(launch_req);
+    if (run.resumed()) keep_leg(req.run_dir, run.legs[i].plan.world(), "leg" + std::to_string(i + 1));
+    if (i + 1 < run.legs.size() && !(incomplete = saved_checkpoint(*source, run, nonce)).empty()) break;
   }
-  store.reset();
+  if (!launched.ok) launched.message = source->failure(launched.message);
+  source.reset();  // the store of the built-in ranks' last leg
   LaunchedRunPtr out(new LaunchedRun{run, std::move(report), nonce, std::move(launched), std::move(incomplete),
                                      std::move(early), 0});
   out->launch_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -344,12 +261,11 @@ LaunchedRunPtr launch_run(const RunPlan& run, bool early_reference) {
 RunReport check_launched(LaunchedRunPtr run) {
   const auto t0 = std::chrono::steady_clock::now();
   const RunRequest& req = run->run.request;
-  const bool external = run->run.external();
   const LaunchResult& launched = run->launched;
   RunReport& report = run->report;
   report.interrupted = launched.interrupted;
   if (!launched.ok) {
-    report.error = external ? command_failure(launched.message, "the external command", "external command output", req.run_dir) : launched.message;
+    report.error = launched.message;  // as the run's source says it (NOTE [run sources])
   } else if (!run->incomplete.empty()) {
     CheckResult c;
     c.id = "resume.checkpoint";
@@ -408,7 +324,7 @@ CheckedRun check_run(const CheckRequest& c) {
                     "plan");
   if (run.external()) expect_input_file(dir + "/dataset.json", external_dataset(spec), false, "dataset");
   if (run.resumed()) {  // the second leg's inputs (NOTE [resume])
-    const RunLegPlan& second = run.legs[1];
+    const RunLegPlan& second = run.final_leg();
     expect_input_file(dir + "/leg2.plan.json", nlohmann::json::parse(plan_to_json(second.plan, second.spec)),
                       !c.spec_path.empty(), "second leg's plan");
   }

@@ -14,6 +14,7 @@
 #include "conformance/protocol/run_folder.hpp"
 #include "conformance/run/check_artifacts.hpp"
 #include "conformance/run/harness.hpp"
+#include "conformance/run/run_source.hpp"
 
 namespace gradcert {
 
@@ -144,19 +145,9 @@ RunReport observe_job(const ObserveRequest& req, RunPlan* run) {
   report.run_dir = dir;
   report.updates = req.updates;
   const std::string nonce = prepare_run_folder(dir);  // NOTE [run nonce]
-  LaunchRequest launch_req;
-  launch_req.kind = LauncherKind::Local;
-  launch_req.world = 1;
-  launch_req.rank_env = false;  // the job starts its own ranks (torchrun, accelerate launch, ...)
-  launch_req.argv = req.argv;
-  launch_req.env = {{vars::kObserveDir, dir},
-                    {vars::kObserveUpdates, std::to_string(req.updates)},
-                    {vars::kObserveKeepDropout, req.keep_dropout ? "1" : "0"},
-                    {vars::kDevice, req.device},
-                    {vars::kRunNonce, nonce}};
-  launch_req.timeout = std::chrono::milliseconds(static_cast<int64_t>(req.timeout_s * 1000));
-  launch_req.log_dir = dir;
-  const LaunchResult launched = launch(launch_req);
+  // The job's own launch command under the recorder's variables (NOTE [run sources]).
+  const auto source = observed_job(req.argv, dir, req.updates, req.keep_dropout, req.device, req.timeout_s);
+  const LaunchResult launched = launch(source->leg(0, nonce));
   report.interrupted = launched.interrupted;
   report.reproduce = observe_command(req);
   auto finish = [&](RunReport& r) -> RunReport {
@@ -166,7 +157,7 @@ RunReport observe_job(const ObserveRequest& req, RunPlan* run) {
   };
   const std::string deaths = rank_deaths(dir);
   const std::string failed =
-      launched.ok ? "" : (deaths.empty() ? "" : deaths + "\n") + command_failure(launched.message, "the job", "the job's output", dir);
+      launched.ok ? "" : (deaths.empty() ? "" : deaths + "\n") + source->failure(launched.message);
   if (const std::string errors = rank_errors(dir); !errors.empty()) {
     report.error = "the gradcert integration stopped the job: " + errors + (failed.empty() ? "" : "\n" + failed);
     return finish(report);

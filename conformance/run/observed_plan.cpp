@@ -119,12 +119,12 @@ std::string observing_cost(const std::vector<std::vector<ObservedUpdate>>& rec) 
 
 std::string range_text(int n) { return n == 1 ? "update 0" : "updates 0.." + std::to_string(n - 1); }
 
-}  // namespace
+using Records = std::vector<std::vector<ObservedUpdate>>;  // [update][rank]
 
-ObservedRun plan_observed(const ObserveRequest& req, const ObservedJob& job, const std::string& nonce) {
-  const std::string& dir = req.run_dir;
-  const int K = req.updates, W = job.world;
-  std::vector<std::vector<ObservedUpdate>> rec(K);
+// Every rank's record of each of the K updates, one world and one sharding throughout.
+Records read_records(const std::string& dir, const ObservedJob& job, int K, const std::string& nonce) {
+  const int W = job.world;
+  Records rec(K);
   for (int u = 0; u < K; ++u)
     for (int g = 0; g < W; ++g) {
       rec[u].push_back(read_observed_update(dir, g, u, nonce));
@@ -137,161 +137,184 @@ ObservedRun plan_observed(const ObserveRequest& req, const ObservedJob& job, con
                                     (job.sharded ? "whole" : "pieces") + ", observed.json says the model is " +
                                     (job.sharded ? "sharded" : "not sharded"));
     }
-  if (!rec[0][0].groups.is_array())
-    throw ArtifactError(dir + "/" + observed_update_file(0, 0) + ": field 'groups' is missing (rank 0 records the param groups)");
+  for (int u = 0; u < K; ++u)
+    if (!rec[u][0].groups.is_array())
+      throw ArtifactError(dir + "/" + observed_update_file(0, u) +
+                          ": field 'groups' is missing (rank 0 records the param groups)");
+  return rec;
+}
 
-  ObservedRun out;
-  // The dataset: examples by first appearance.
-  std::map<std::string, int64_t> id_of;
+// What the records make beside the plan: the dataset, each rank's record and the manifest's
+// updates as the protocol's files hold them, the param groups per update, the clip.
+struct Assembly {
+  std::map<std::string, int64_t> id_of;  // content key -> example id
   json samples = json::array();
   std::vector<int64_t> targets_of_id;
   size_t longest = 0;
-  auto id_for = [&](const ObservedExample& e) {
-    auto [it, fresh] = id_of.emplace(e.key, static_cast<int64_t>(targets_of_id.size()));
-    if (fresh) {
-      samples.push_back({{"id", it->second}, {"tokens", e.tokens}, {"labels", e.labels}});
-      std::string first;
-      for (size_t t = 0; t < e.tokens.size() && t < 6; ++t) first += (t ? " " : "") + std::to_string(e.tokens[t]);
-      out.example_names[it->second] = "content " + e.key + ", tokens " + first + (e.tokens.size() > 6 ? " ..." : "");
-      targets_of_id.push_back(std::count_if(e.labels.begin(), e.labels.end(), [](int64_t l) { return l != kIgnoreIndex; }));
-      longest = std::max(longest, e.tokens.size());
-    }
-    return it->second;
-  };
-  int A = 1, micro = 1;
+  std::vector<json> rank_json;
+  json manifest_updates = json::array(), groups_per_update = json::array();
+  double clip = 0;
+  std::string batch_source;
+  bool epoch_known = false;
+  int64_t job_dataset = 0;
+};
+
+// An example's id: numbered by first appearance (NOTE [observed plan]).
+int64_t example_id(Assembly& a, ObservedRun& out, const ObservedExample& e) {
+  auto [it, fresh] = a.id_of.emplace(e.key, static_cast<int64_t>(a.targets_of_id.size()));
+  if (fresh) {
+    a.samples.push_back({{"id", it->second}, {"tokens", e.tokens}, {"labels", e.labels}});
+    std::string first;
+    for (size_t t = 0; t < e.tokens.size() && t < 6; ++t) first += (t ? " " : "") + std::to_string(e.tokens[t]);
+    out.example_names[it->second] = "content " + e.key + ", tokens " + first + (e.tokens.size() > 6 ? " ..." : "");
+    a.targets_of_id.push_back(
+        std::count_if(e.labels.begin(), e.labels.end(), [](int64_t l) { return l != kIgnoreIndex; }));
+    a.longest = std::max(a.longest, e.tokens.size());
+  }
+  return it->second;
+}
+
+// The plan's shape: D, A, B_micro, B_update (and where it came from), the epoch's windows.
+Plan plan_shape(const ObserveRequest& req, const ObservedJob& job, const Records& rec, Assembly& a) {
+  const int K = req.updates, W = job.world;
+  Plan plan;
+  plan.dp = W;
+  plan.accum = plan.micro = 1;
   for (int u = 0; u < K; ++u)
     for (const auto& r : rec[u]) {
-      A = std::max<int>(A, static_cast<int>(r.microsteps.size()));
-      for (const auto& m : r.microsteps) micro = std::max<int>(micro, static_cast<int>(m.examples.size()));
+      plan.accum = std::max<int>(plan.accum, static_cast<int>(r.microsteps.size()));
+      for (const auto& m : r.microsteps) plan.micro = std::max<int>(plan.micro, static_cast<int>(m.examples.size()));
     }
-
-  RunPlan& run = out.run;
-  run.observed = true;
-  Plan& plan = run.plan;
-  plan.dp = W;
-  plan.micro = micro;
-  plan.accum = A;
-  std::string batch_source;
   if (req.expect_batch > 0) {
     plan.update_batch = req.expect_batch;
-    batch_source = "--expect-batch " + std::to_string(req.expect_batch);
+    a.batch_source = "--expect-batch " + std::to_string(req.expect_batch);
   } else if (const int64_t b = job_integer(job.job, "expect_batch"); b > 0) {
     plan.update_batch = b;
     const auto src = job.job.find("source");
-    batch_source = "the job's own settings" + (src != job.job.end() && src->is_string() ? " (" + src->get<std::string>() + ")" : std::string());
+    a.batch_source = "the job's own settings" +
+                     (src != job.job.end() && src->is_string() ? " (" + src->get<std::string>() + ")" : std::string());
   } else {
-    plan.update_batch = update_batch_size(micro, A, W);
-    batch_source = "what the job did (B_micro x A x D = " + std::to_string(micro) + " x " + std::to_string(A) + " x " +
-                   std::to_string(W) + "; pass --expect-batch B to hold it to a figure)";
+    plan.update_batch = update_batch_size(plan.micro, plan.accum, W);
+    a.batch_source = "what the job did (B_micro x A x D = " + std::to_string(plan.micro) + " x " +
+                     std::to_string(plan.accum) + " x " + std::to_string(W) + "; pass --expect-batch B to hold it to a figure)";
   }
-  const int64_t job_dataset = job_integer(job.job, "dataset_size");
-  const bool drop_last = job.job.contains("drop_last") && job.job["drop_last"].is_boolean() && job.job["drop_last"].get<bool>();
+  a.job_dataset = job_integer(job.job, "dataset_size");
+  const bool drop_last = flag(job.job, "drop_last");
   const int64_t job_windows = job_integer(job.job, "windows_per_epoch");  // the job's loader length / A, where seen
-  plan.windows_per_epoch = job_windows > 0   ? static_cast<int>(job_windows)
-                           : job_dataset > 0 ? static_cast<int>(drop_last ? std::max<int64_t>(1, job_dataset / plan.update_batch)
-                                                                          : (job_dataset + plan.update_batch - 1) / plan.update_batch)
-                                             : K + 1;
-  const bool epoch_known = job_windows > 0 || job_dataset > 0;
-  std::vector<json> rank_json(W, json::array());
-  json manifest_updates = json::array();
-  json groups_per_update = json::array();
-  double clip = 0;
-  for (int u = 0; u < K; ++u) {
-    Window w;
-    w.update = u;
-    w.epoch = u / plan.windows_per_epoch;
-    w.index_in_epoch = u % plan.windows_per_epoch;
-    w.slots.assign(W, std::vector<Microbatch>(A));
-    for (int g = 0; g < W; ++g) {
-      const ObservedUpdate& r = rec[u][g];
-      json consumed = json::array();
-      for (int a = 0; a < A; ++a) {
-        Microbatch& mb = w.slots[g][a];
-        if (a < static_cast<int>(r.microsteps.size()))
-          for (const auto& e : r.microsteps[a].examples) {
-            const int64_t id = id_for(e);
-            mb.ids.push_back(id);
-            mb.input_tokens += static_cast<int64_t>(e.tokens.size());
-            mb.valid_targets += targets_of_id[id];
-          }
-        w.ids.insert(w.ids.end(), mb.ids.begin(), mb.ids.end());
-        w.valid_targets += mb.valid_targets;
-        consumed.push_back(mb.ids);
-      }
-      json entry = {{"update", u}, {"consumed", consumed}, {"loss_sum", r.loss_sum}};
-      if (!r.replicas.empty()) entry["replicas"] = r.replicas;
-      rank_json[g].push_back(entry);
-      if (r.clip_max_norm > 0) {
-        if (clip > 0 && r.clip_max_norm != clip)
-          throw std::invalid_argument("rank " + std::to_string(g) + ", update " + std::to_string(u) +
-                                      ": clip_grad_norm_ max_norm " + figure_text(r.clip_max_norm) + ", earlier " + figure_text(clip) +
-                                      ": gradcert observe certifies one max_norm");
-        clip = r.clip_max_norm;
-      }
-    }
-    // The window that ends an epoch is partial when it held fewer examples than B_update
-    // (batch.update_size then holds it to its own size; a padded one is the ledger's finding).
-    w.partial = epoch_known && w.index_in_epoch == plan.windows_per_epoch - 1 &&
-                static_cast<int64_t>(w.ids.size()) < plan.update_batch;
-    plan.windows.push_back(std::move(w));
-    const ObservedUpdate& r0 = rec[u][0];
-    const int64_t n_items = r0.microsteps.front().num_items_in_batch;
-    json m = {{"update", u}, {"loss", nullptr}, {"valid_targets", n_items >= 0 ? json(n_items) : json(nullptr)},
-              {"step_seconds", r0.step_seconds}};
-    if (job.sharded) {
-      json gf = json::array(), pf = json::array();
-      for (int g = 0; g < W; ++g) {
-        gf.push_back(rec[u][g].grads.at(0));
-        pf.push_back(rec[u][g].params.at(0));
-      }
-      m["grads"] = gf;
-      m["params"] = pf;
-    } else {
-      m["grads"] = r0.grads.at(0);
-      m["params"] = r0.params.at(0);
-    }
-    manifest_updates.push_back(m);
-    if (!r0.groups.is_array())
-      throw ArtifactError(dir + "/" + observed_update_file(0, u) + ": field 'groups' is missing (rank 0 records the param groups)");
-    json groups = json::array();
-    for (const auto& g : r0.groups) groups.push_back(reference_group(g, job.optimizer_kind, job.optimizer_class, out.unsupported_optimizer));
-    groups_per_update.push_back(groups);
-  }
-  for (int u = 0; u < K; ++u)
-    for (int g = 1; g < W; ++g)
-      if (rec[u][g].microsteps.size() != rec[u][0].microsteps.size())
-        out.notes += "rank " + std::to_string(g) + " ran " + std::to_string(rec[u][g].microsteps.size()) +
-                     " forwards in update " + std::to_string(u) + ", rank 0 " + std::to_string(rec[u][0].microsteps.size()) + "; ";
+  const int64_t B = plan.update_batch;
+  plan.windows_per_epoch = job_windows > 0      ? static_cast<int>(job_windows)
+                           : a.job_dataset > 0 ? static_cast<int>(drop_last ? std::max<int64_t>(1, a.job_dataset / B)
+                                                                            : (a.job_dataset + B - 1) / B)
+                                               : K + 1;
+  a.epoch_known = job_windows > 0 || a.job_dataset > 0;
+  return plan;
+}
 
-  // The spec the reference and the report read.
-  Spec& spec = run.spec;
+// Update u's window (slots[r][a]: rank r's a-th forward) and each rank's record of it; the one
+// clip_grad_norm_ max_norm the job used.
+Window observed_window(int u, const std::vector<ObservedUpdate>& ranks, const Plan& plan, Assembly& a, ObservedRun& out) {
+  const int W = plan.dp, A = plan.accum;
+  Window w;
+  w.update = u;
+  w.epoch = u / plan.windows_per_epoch;
+  w.index_in_epoch = u % plan.windows_per_epoch;
+  w.slots.assign(W, std::vector<Microbatch>(A));
+  for (int g = 0; g < W; ++g) {
+    const ObservedUpdate& r = ranks[g];
+    json consumed = json::array();
+    for (int k = 0; k < A; ++k) {
+      Microbatch& mb = w.slots[g][k];
+      if (k < static_cast<int>(r.microsteps.size()))
+        for (const auto& e : r.microsteps[k].examples) {
+          const int64_t id = example_id(a, out, e);
+          mb.ids.push_back(id);
+          mb.input_tokens += static_cast<int64_t>(e.tokens.size());
+          mb.valid_targets += a.targets_of_id[id];
+        }
+      w.ids.insert(w.ids.end(), mb.ids.begin(), mb.ids.end());
+      w.valid_targets += mb.valid_targets;
+      consumed.push_back(mb.ids);
+    }
+    json entry = {{"update", u}, {"consumed", consumed}, {"loss_sum", r.loss_sum}};
+    if (!r.replicas.empty()) entry["replicas"] = r.replicas;
+    a.rank_json[g].push_back(entry);
+    if (r.clip_max_norm > 0) {
+      if (a.clip > 0 && r.clip_max_norm != a.clip)
+        throw std::invalid_argument("rank " + std::to_string(g) + ", update " + std::to_string(u) +
+                                    ": clip_grad_norm_ max_norm " + figure_text(r.clip_max_norm) + ", earlier " +
+                                    figure_text(a.clip) + ": gradcert observe certifies one max_norm");
+      a.clip = r.clip_max_norm;
+    }
+  }
+  // The window that ends an epoch is partial when it held fewer examples than B_update
+  // (batch.update_size then holds it to its own size; a padded one is the ledger's finding).
+  w.partial = a.epoch_known && w.index_in_epoch == plan.windows_per_epoch - 1 &&
+              static_cast<int64_t>(w.ids.size()) < plan.update_batch;
+  return w;
+}
+
+// Update u in manifest.json: rank 0's N and step time, every rank's tensor files when sharded.
+json manifest_update(int u, const std::vector<ObservedUpdate>& ranks, bool sharded) {
+  const ObservedUpdate& r0 = ranks[0];
+  const int64_t n_items = r0.microsteps.front().num_items_in_batch;
+  json m = {{"update", u}, {"loss", nullptr}, {"valid_targets", n_items >= 0 ? json(n_items) : json(nullptr)},
+            {"step_seconds", r0.step_seconds}};
+  if (sharded) {
+    json gf = json::array(), pf = json::array();
+    for (const auto& r : ranks) {
+      gf.push_back(r.grads.at(0));
+      pf.push_back(r.params.at(0));
+    }
+    m["grads"] = gf;
+    m["params"] = pf;
+  } else {
+    m["grads"] = r0.grads.at(0);
+    m["params"] = r0.params.at(0);
+  }
+  return m;
+}
+
+// The model the reference rebuilds: --model, the job's factory, or its own module (observed_model.py);
+// returns where it came from.
+std::string observed_model(const ObserveRequest& req, const ObservedJob& job, Spec& spec) {
+  spec.model.factory = req.model;
+  if (!spec.model.factory.empty()) return "--model " + req.model;
+  if (!job.factory.empty()) {
+    spec.model.factory = job.factory;
+    return "gradcert.watch(factory=" + job.factory + ")";
+  }
+  if (!job.rebuild.empty()) {
+    spec.model.factory = fs::absolute(req.run_dir + "/observed_model.py").string() + ":build";
+    return job.rebuild;
+  }
+  throw std::invalid_argument("gradcert cannot rebuild the job's model " + job.model_class + " for the reference" +
+                              (job.rebuild_error.empty() ? std::string(": it is not a Hugging Face PreTrainedModel")
+                                                         : ": pickling the job's module at watch() failed: " + job.rebuild_error) +
+                              ". Pass gradcert.watch(model, optimizer, factory=FUNC), FUNC(vocab_size, max_len) -> the "
+                              "model (or --model FILE.py:FUNC)");
+}
+
+// The spec the reference and the report read; returns where the model came from.
+std::string observed_spec(const ObserveRequest& req, const ObservedJob& job, const Plan& plan, const Assembly& a,
+                          ObservedRun& out) {
+  Spec& spec = out.run.spec;
   if (job.vocab <= 0) throw std::invalid_argument("observed.json: the integration saw no forward's logits (model.vocab is null)");
   spec.model.vocab = job.vocab;
-  spec.model.max_len = std::max<int>(job.max_len, static_cast<int>(longest));
-  spec.model.factory = req.model;
-  std::string model_source = "--model " + req.model;
-  if (spec.model.factory.empty() && !job.factory.empty()) spec.model.factory = job.factory, model_source = "gradcert.watch(factory=" + job.factory + ")";
-  if (spec.model.factory.empty() && !job.rebuild.empty())
-    spec.model.factory = fs::absolute(dir + "/observed_model.py").string() + ":build", model_source = job.rebuild;
-  if (spec.model.factory.empty())
-    throw std::invalid_argument("gradcert cannot rebuild the job's model " + job.model_class + " for the reference" +
-                                (job.rebuild_error.empty() ? std::string(": it is not a Hugging Face PreTrainedModel")
-                                                           : ": pickling the job's module at watch() failed: " + job.rebuild_error) +
-                                ". Pass gradcert.watch(model, optimizer, factory=FUNC), FUNC(vocab_size, max_len) -> the "
-                                "model (or --model FILE.py:FUNC)");
-  spec.dataset.size = static_cast<int>(std::max<int64_t>(job_dataset, static_cast<int64_t>(targets_of_id.size())));
-  spec.batch.micro = micro;
-  spec.batch.accum = A;
-  spec.topology = {W, 1, 1};
-  spec.updates = K;
-  spec.dtype = job.dtype == "float64" ? DType::Float64 : job.dtype == "float32" ? DType::Float32 : DType::BFloat16;
+  spec.model.max_len = std::max<int>(job.max_len, static_cast<int>(a.longest));
+  const std::string model_source = observed_model(req, job, spec);
+  spec.dataset.size = static_cast<int>(std::max<int64_t>(a.job_dataset, static_cast<int64_t>(a.targets_of_id.size())));
+  spec.batch.micro = plan.micro;
+  spec.batch.accum = plan.accum;
+  spec.topology = {job.world, 1, 1};
+  spec.updates = req.updates;
+  spec.dtype = parse_dtype(job.dtype);
   for (const auto& ac : job.autocast)  // lower-precision compute inside: that dtype's calibrated tolerance
     if (ac.find("bfloat16") != std::string::npos || ac.find("float16") != std::string::npos) {
       spec.tolerance.float32 = spec.tolerance.float64 = spec.tolerance.bfloat16;
       spec.tolerance.scale_float32 = spec.tolerance.scale_float64 = spec.tolerance.scale_bfloat16;
       out.notes += "autocast " + ac + ": held to bfloat16's calibrated tolerances; ";
     }
-  const json& g0 = groups_per_update[0][0];
+  const json& g0 = a.groups_per_update[0][0];
   spec.optimizer.name = g0["name"] == "sgd" ? "sgd" : "adamw";
   spec.optimizer.lr = g0["lr"].get<double>();
   spec.optimizer.momentum = g0["momentum"].get<double>();
@@ -299,40 +322,41 @@ ObservedRun plan_observed(const ObserveRequest& req, const ObservedJob& job, con
   spec.optimizer.beta1 = g0["beta1"].get<double>();
   spec.optimizer.beta2 = g0["beta2"].get<double>();
   spec.optimizer.eps = g0["eps"].get<double>();
-  spec.optimizer.max_grad_norm = clip;
-  targets_of_id.resize(static_cast<size_t>(spec.dataset.size), 0);  // examples the job never showed: unseen
-  run.targets_of_id = targets_of_id;
-  run.checked = plan;
-  run.legs = {RunLegPlan{spec, plan, 0}};
-  run.python = job.python;
-  run.request.backend = "observed";
-  run.request.world = W;
-  run.request.run_dir = dir;
-  for (const auto& a : req.argv) run.request.command += (run.request.command.empty() ? "" : " ") + a;
+  spec.optimizer.max_grad_norm = a.clip;
+  return model_source;
+}
 
-  // The run folder's inputs and artifacts.
-  json plan_json = json::parse(plan_to_json(plan, spec));
-  plan_json["observed"] = {{"optimizer", {{"class", job.optimizer_class}, {"updates", groups_per_update}}},
+// The run folder's inputs and artifacts: spec, plan (with the job's optimizer groups, frozen
+// tensors and settings), dataset, each rank's record, the manifest.
+void write_observed_folder(const ObservedJob& job, const std::string& nonce, const RunPlan& run, const Assembly& a) {
+  const std::string& dir = run.request.run_dir;
+  const int W = job.world;
+  json plan_json = json::parse(plan_to_json(run.plan, run.spec));
+  plan_json["observed"] = {{"optimizer", {{"class", job.optimizer_class}, {"updates", a.groups_per_update}}},
                            {"frozen", job.frozen},
                            {"job", job.job}};
-  write_file_atomic(dir + "/spec.json", spec_to_json(spec));
+  write_file_atomic(dir + "/spec.json", spec_to_json(run.spec));
   write_file_atomic(dir + "/plan.json", plan_json.dump(1));
   write_file_atomic(dir + "/dataset.json", json{{"schema", "gradcert.dataset/1"}, {"ignore_index", kIgnoreIndex},
-                                                {"pad_token", kPadToken}, {"samples", samples}}.dump());
+                                                {"pad_token", kPadToken}, {"samples", a.samples}}.dump());
   for (int g = 0; g < W; ++g)
     write_file_atomic(dir + "/rank" + std::to_string(g) + ".json",
                       json{{"schema", "gradcert.rank/1"}, {"rank", g}, {"dp_rank", g}, {"nonce", nonce},
-                           {"updates", rank_json[g]}}.dump(1));
+                           {"updates", a.rank_json[g]}}.dump(1));
   write_file_atomic(dir + "/manifest.json",
                     json{{"schema", job.sharded ? "gradcert.artifacts/2" : "gradcert.artifacts/1"}, {"backend", "observed"},
-                         {"world", W}, {"nonce", nonce}, {"updates", manifest_updates}}.dump(1));
+                         {"world", W}, {"nonce", nonce}, {"updates", a.manifest_updates}}.dump(1));
+}
 
-  // What the report says about the job.
-  std::string facts = "observed " + range_text(K) + " of `" + run.request.command + "` through " + job.integration +
-                      " (world " + std::to_string(W) + ", " + job.model_class + ", " + job.dtype + "); B_update from " +
-                      batch_source + "; the reference rebuilt the model from " + model_source + "; optimizer " +
-                      job.optimizer_class + (clip > 0 ? ", clip_grad_norm_ max_norm " + figure_text(clip) : std::string()) +
-                      "; labels " + (job.labels.empty() ? "?" : job.labels) +
+// What the report says about the job.
+std::string job_facts(const ObservedJob& job, const RunPlan& run, const Assembly& a, const std::string& model_source,
+                      const Records& rec) {
+  std::string facts = "observed " + range_text(static_cast<int>(rec.size())) + " of `" + run.request.command +
+                      "` through " + job.integration + " (world " + std::to_string(job.world) + ", " + job.model_class +
+                      ", " + job.dtype + "); B_update from " + a.batch_source + "; the reference rebuilt the model from " +
+                      model_source + "; optimizer " + job.optimizer_class +
+                      (a.clip > 0 ? ", clip_grad_norm_ max_norm " + figure_text(a.clip) : std::string()) + "; labels " +
+                      (job.labels.empty() ? "?" : job.labels) +
                       (job.hf_loss_type.empty() ? std::string() : " (HF loss_type " + job.hf_loss_type + ")");
   if (!job.frozen.empty()) facts += "; " + std::to_string(job.frozen.size()) + " frozen tensors held unchanged";
   if (!job.dropout.empty()) {
@@ -340,8 +364,50 @@ ObservedRun plan_observed(const ObserveRequest& req, const ObservedJob& job, con
     for (size_t i = 0; i < job.dropout.size() && i < 6; ++i) facts += (i ? ", " : " ") + job.dropout[i];
     if (job.dropout.size() > 6) facts += " and " + std::to_string(job.dropout.size() - 6) + " more";
   }
-  if (!epoch_known) facts += "; no epoch end known (the integration saw no dataset size)";
-  facts += observing_cost(rec);
+  if (!a.epoch_known) facts += "; no epoch end known (the integration saw no dataset size)";
+  return facts + observing_cost(rec);
+}
+
+}  // namespace
+
+ObservedRun plan_observed(const ObserveRequest& req, const ObservedJob& job, const std::string& nonce) {
+  const int K = req.updates, W = job.world;
+  const Records rec = read_records(req.run_dir, job, K, nonce);
+  ObservedRun out;
+  Assembly a;
+  a.rank_json.assign(W, json::array());
+  Plan plan = plan_shape(req, job, rec, a);
+  for (int u = 0; u < K; ++u) {
+    plan.windows.push_back(observed_window(u, rec[u], plan, a, out));
+    a.manifest_updates.push_back(manifest_update(u, rec[u], job.sharded));
+    json groups = json::array();
+    for (const auto& g : rec[u][0].groups)
+      groups.push_back(reference_group(g, job.optimizer_kind, job.optimizer_class, out.unsupported_optimizer));
+    a.groups_per_update.push_back(groups);
+  }
+  for (int u = 0; u < K; ++u)
+    for (int g = 1; g < W; ++g)
+      if (rec[u][g].microsteps.size() != rec[u][0].microsteps.size())
+        out.notes += "rank " + std::to_string(g) + " ran " + std::to_string(rec[u][g].microsteps.size()) +
+                     " forwards in update " + std::to_string(u) + ", rank 0 " +
+                     std::to_string(rec[u][0].microsteps.size()) + "; ";
+
+  RunPlan& run = out.run;
+  run.observed = true;
+  const std::string model_source = observed_spec(req, job, plan, a, out);
+  run.plan = plan;
+  std::vector<int64_t> targets = a.targets_of_id;
+  targets.resize(static_cast<size_t>(run.spec.dataset.size), 0);  // examples the job never showed: unseen
+  run.targets_of_id = targets;
+  run.checked = plan;
+  run.legs = {RunLegPlan{run.spec, plan, 0}};
+  run.python = job.python;
+  run.request.backend = "observed";
+  run.request.world = W;
+  run.request.run_dir = req.run_dir;
+  for (const auto& arg : req.argv) run.request.command += (run.request.command.empty() ? "" : " ") + arg;
+  write_observed_folder(job, nonce, run, a);
+  const std::string facts = job_facts(job, run, a, model_source, rec);
   out.notes = facts + (out.notes.empty() ? "" : "; " + out.notes.substr(0, out.notes.size() - 2));
   return out;
 }

@@ -17,6 +17,12 @@ namespace gradcert {
 
 bool RunPlan::external() const { return request.backend == kExternalBackend; }
 
+int RunPlan::widest_leg() const {
+  int w = plan.world();
+  for (const auto& leg : legs) w = std::max(w, leg.plan.world());
+  return w;
+}
+
 Spec effective_spec(const RunRequest& req) {
   Spec s = req.spec;
   if (req.tp > 0) s.topology.tp = req.tp;

@@ -59,6 +59,10 @@ struct RunPlan {
 
   bool external() const;
   bool resumed() const { return legs.size() > 1; }
+  /// The leg that trains the last updates (a resumed run's second): its world measures memory.
+  const RunLegPlan& final_leg() const { return legs.back(); }
+  /// The most ranks any leg runs.
+  int widest_leg() const;
   int64_t dataset_size() const { return static_cast<int64_t>(targets_of_id.size()); }
   int world() const { return plan.world(); }
 };

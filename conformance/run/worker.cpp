@@ -139,6 +139,108 @@ class StepClock {
   std::chrono::steady_clock::time_point t0_;
 };
 
+// The rank's context: the spec and plan, its initial weights, its device and (world > 1) its
+// process groups through the harness's store.
+void open_context(const WorkerArgs& args, const Spec& spec, const Plan& plan, int rank, int world, RankContext& ctx) {
+  ctx.spec = &spec;
+  ctx.plan = &plan;
+  // The harness wrote it (NOTE [initial weights once]); a worker started without one draws.
+  if (std::filesystem::is_regular_file(args.run_dir + "/initial.safetensors"))
+    ctx.initial_file = args.run_dir + "/initial.safetensors";
+  ctx.rank = rank;
+  ctx.world = world;
+  ctx.mutant = parse_mutant(args.inject);
+  place_rank(spec, ctx);
+  if (world > 1) {  // every rank is a client of the store the harness serves (NOTE [store] in harness.cpp)
+    if (args.store.empty()) throw std::invalid_argument("worker: --store is required when the world has more than one rank");
+    make_process_groups(ctx, connect_rank_store(args.store, std::chrono::milliseconds(static_cast<int64_t>(
+                                                                spec.timeout.collective_s * 1000))));
+  }
+}
+
+// A resumed run's second leg (NOTE [resume] in harness.cpp, NOTE [checkpoints]): loads the
+// checkpoint, points ctx at the fast-forwarded sampler and returns the first update to run.
+int resume_leg(const WorkerArgs& args, const Spec& spec, const Plan& plan, RankContext& ctx, Backend& backend,
+               const std::string& nonce, Plan& sampler) {
+  const int end = static_cast<int>(plan.windows.size());
+  const CheckpointRecord cp = load_checkpoint(ctx, backend, args.resume_from, nonce);
+  const int first = cp.updates_done;
+  if (first < 1 || first >= end)
+    throw std::invalid_argument(args.resume_from + "/checkpoint.json: updates_done " + std::to_string(first) +
+                                " is outside the plan's 1.." + std::to_string(end - 1));
+  ctx.step_shift = cp.optimizer_step - cp.updates_done;
+  int next = cp.next_epoch * plan.windows_per_epoch + cp.next_index_in_epoch;
+  const int epoch_start = plan.windows[first].epoch * plan.windows_per_epoch;
+  // The planted load bugs: the step counter not restored; the sampler not fast-forwarded
+  // (its epoch starts over) or moved on to the next epoch.
+  if (ctx.mutant == Mutant::ResumeStepReset) ctx.step_shift = -cp.updates_done;
+  if (ctx.mutant == Mutant::ResumeSamplerRestart) next = epoch_start;
+  if (ctx.mutant == Mutant::ResumeSamplerSkip) next = epoch_start + plan.windows_per_epoch;
+  sampler = resumed_sampler(spec, plan, first, next);
+  ctx.plan = &sampler;
+  return first;
+}
+
+// What the rank's updates leave for its record and rank 0's manifest.
+struct UpdatesRun {
+  std::vector<RankUpdateRecord> records;
+  std::vector<ManifestUpdate> manifest;
+  bool sharded = false;
+};
+
+// Updates [first, end) of the sampler's windows, each timed and its artifacts written.
+UpdatesRun run_updates(const WorkerArgs& args, RankContext& ctx, Backend& backend, const Plan& sampler, int first,
+                       int end) {
+  UpdatesRun out;
+  StepClock clock;
+  for (int update = first; update < end; ++update) {
+    const Window& w = sampler.windows[update];
+    maybe_fault(ctx.rank, w.update);
+    ctx.untimed_seconds = 0;
+    clock.start();
+    RankUpdate u = backend.run_update(ctx, w.update);
+    const double secs = clock.seconds(ctx.untimed_seconds);
+    {
+      UntimedScope untimed(ctx);  // NOTE [replica digests]: outside the timed step
+      if (strategy_info(args.backend).no_replica_digests.empty())
+        for (auto& [name, t] : backend.replica_params()) u.record.replicas[name] = tensor_digest(t);
+    }
+    out.records.push_back(u.record);
+    out.sharded = u.sharded;
+    // A sharded strategy: every rank writes what it holds, in parallel (NOTE [shard artifacts]).
+    if (u.sharded) write_rank_shards(args.run_dir, w.update, ctx.rank, u.grad_shards, u.param_shards);
+    if (ctx.rank == 0) {
+      if (!u.sharded) write_update_tensors(args.run_dir, w.update, u.grads, u.params_after);
+      out.manifest.push_back({w.update, u.loss, u.valid_targets, secs});
+    }
+    maybe_corrupt(args.run_dir, ctx.rank, w.update, u.sharded);
+  }
+  return out;
+}
+
+// A first leg's checkpoint after update save_at, with the save's pause and peak on this rank
+// (NOTE [resume]): the tracked storage it allocates plus the host copies of its pieces.
+void save_leg(const WorkerArgs& args, const Plan& plan, RankContext& ctx, Backend& backend, const std::string& nonce) {
+  CheckpointRecord rec;
+  rec.backend = args.backend;
+  rec.world = ctx.world;
+  rec.updates_done = args.save_at;
+  rec.optimizer_step = args.save_at;
+  rec.next_epoch = plan.windows[args.save_at].epoch;
+  rec.next_index_in_epoch = plan.windows[args.save_at].index_in_epoch;
+  rec.nonce = nonce;
+  MemoryPhases phases("resume", ctx.rank, compute_device().is_cuda() ? compute_device().index() : -1);
+  phases.start();
+  const int64_t host = save_checkpoint(ctx, backend, args.run_dir + "/" + kCheckpointDir, rec);
+  phases.mark("checkpoint save");
+  RankMemory saved;
+  saved.rank = ctx.rank;
+  saved.peaks = phases.phases();
+  for (auto& p : saved.peaks) p.peak_bytes += host;
+  std::filesystem::create_directories(args.run_dir + "/leg1.memory");
+  write_rank_memory(args.run_dir + "/leg1.memory", saved);
+}
+
 }  // namespace
 
 int worker_main(const WorkerArgs& args) {
@@ -160,96 +262,18 @@ int worker_main(const WorkerArgs& args) {
     backend->validate_model(spec.model, plan);
 
     RankContext ctx;
-    ctx.spec = &spec;
-    ctx.plan = &plan;
-    // The harness wrote it (NOTE [initial weights once]); a worker started without one draws.
-    if (std::filesystem::is_regular_file(args.run_dir + "/initial.safetensors"))
-      ctx.initial_file = args.run_dir + "/initial.safetensors";
-    ctx.rank = rank;
-    ctx.world = world;
-    ctx.mutant = parse_mutant(args.inject);
-    place_rank(spec, ctx);
-    if (world > 1) {  // every rank is a client of the store the harness serves (NOTE [store] in harness.cpp)
-      if (args.store.empty()) throw std::invalid_argument("worker: --store is required when the world has more than one rank");
-      make_process_groups(ctx, connect_rank_store(args.store, std::chrono::milliseconds(static_cast<int64_t>(
-                                                                  spec.timeout.collective_s * 1000))));
-    }
+    open_context(args, spec, plan, rank, world, ctx);
     backend->setup(ctx);
-    const char* nonce = std::getenv(vars::kRunNonce);  // NOTE [run nonce]
-
-    // A resumed run's legs (NOTE [resume] in harness.cpp, NOTE [checkpoints]).
-    int first = 0, end = static_cast<int>(plan.windows.size());
+    const char* env_nonce = std::getenv(vars::kRunNonce);  // NOTE [run nonce]
+    const std::string nonce = env_nonce ? env_nonce : "";
     Plan sampler = plan;
-    if (!args.resume_from.empty()) {
-      const CheckpointRecord cp = load_checkpoint(ctx, *backend, args.resume_from, nonce ? nonce : "");
-      first = cp.updates_done;
-      if (first < 1 || first >= end)
-        throw std::invalid_argument(args.resume_from + "/checkpoint.json: updates_done " + std::to_string(first) +
-                                    " is outside the plan's 1.." + std::to_string(end - 1));
-      ctx.step_shift = cp.optimizer_step - cp.updates_done;
-      int next = cp.next_epoch * plan.windows_per_epoch + cp.next_index_in_epoch;
-      const int epoch_start = plan.windows[first].epoch * plan.windows_per_epoch;
-      // The planted load bugs: the step counter not restored; the sampler not fast-forwarded
-      // (its epoch starts over) or moved on to the next epoch.
-      if (ctx.mutant == Mutant::ResumeStepReset) ctx.step_shift = -cp.updates_done;
-      if (ctx.mutant == Mutant::ResumeSamplerRestart) next = epoch_start;
-      if (ctx.mutant == Mutant::ResumeSamplerSkip) next = epoch_start + plan.windows_per_epoch;
-      sampler = resumed_sampler(spec, plan, first, next);
-      ctx.plan = &sampler;
-    }
-    if (args.save_at > 0) end = args.save_at;
-
-    std::vector<RankUpdateRecord> records;
-    std::vector<ManifestUpdate> manifest;
-    bool sharded = false;
-    StepClock clock;
-    for (int update = first; update < end; ++update) {
-      const Window& w = sampler.windows[update];
-      maybe_fault(rank, w.update);
-      ctx.untimed_seconds = 0;
-      clock.start();
-      RankUpdate u = backend->run_update(ctx, w.update);
-      const double secs = clock.seconds(ctx.untimed_seconds);
-      {
-        UntimedScope untimed(ctx);  // NOTE [replica digests]: outside the timed step
-        if (strategy_info(args.backend).no_replica_digests.empty())
-          for (auto& [name, t] : backend->replica_params()) u.record.replicas[name] = tensor_digest(t);
-      }
-      records.push_back(u.record);
-      sharded = u.sharded;
-      // A sharded strategy: every rank writes what it holds, in parallel (NOTE [shard artifacts]).
-      if (u.sharded) write_rank_shards(args.run_dir, w.update, rank, u.grad_shards, u.param_shards);
-      if (rank == 0) {
-        if (!u.sharded) write_update_tensors(args.run_dir, w.update, u.grads, u.params_after);
-        manifest.push_back({w.update, u.loss, u.valid_targets, secs});
-      }
-      maybe_corrupt(args.run_dir, rank, w.update, u.sharded);
-    }
-    if (args.save_at > 0) {
-      CheckpointRecord rec;
-      rec.backend = args.backend;
-      rec.world = world;
-      rec.updates_done = args.save_at;
-      rec.optimizer_step = args.save_at;
-      rec.next_epoch = plan.windows[args.save_at].epoch;
-      rec.next_index_in_epoch = plan.windows[args.save_at].index_in_epoch;
-      rec.nonce = nonce ? nonce : "";
-      // The save's pause and peak on this rank (NOTE [resume]): the tracked storage it allocates
-      // plus the host copies of its pieces, and the seconds until every rank has saved.
-      MemoryPhases phases("resume", rank, compute_device().is_cuda() ? compute_device().index() : -1);
-      phases.start();
-      const int64_t host = save_checkpoint(ctx, *backend, args.run_dir + "/" + kCheckpointDir, rec);
-      phases.mark("checkpoint save");
-      RankMemory saved;
-      saved.rank = rank;
-      saved.peaks = phases.phases();
-      for (auto& p : saved.peaks) p.peak_bytes += host;
-      std::filesystem::create_directories(args.run_dir + "/leg1.memory");
-      write_rank_memory(args.run_dir + "/leg1.memory", saved);
-    }
+    const int first = args.resume_from.empty() ? 0 : resume_leg(args, spec, plan, ctx, *backend, nonce, sampler);
+    const int end = args.save_at > 0 ? args.save_at : static_cast<int>(plan.windows.size());
+    const UpdatesRun run = run_updates(args, ctx, *backend, sampler, first, end);
+    if (args.save_at > 0) save_leg(args, plan, ctx, *backend, nonce);
     // The harness gives every rank this run's nonce; the files echo it (NOTE [run nonce]).
-    write_rank_record(args.run_dir, rank, plan.dp_rank_of(rank), records, nonce ? nonce : "");
-    if (rank == 0) write_manifest(args.run_dir, args.backend, world, manifest, nonce ? nonce : "", sharded);
+    write_rank_record(args.run_dir, rank, plan.dp_rank_of(rank), run.records, nonce);
+    if (rank == 0) write_manifest(args.run_dir, args.backend, world, run.manifest, nonce, run.sharded);
 
     RankMemory memory;
     memory.rank = rank;

@@ -22,7 +22,7 @@ Verb add_check_verb(CLI::App& app, CommonOptions& o) {
   auto c = std::make_shared<CheckOptions>();
   auto* cmd = app.add_subcommand("check", "check the artifacts already in a run folder again, launching no rank "
                                           "(the reference is recomputed)");
-  cmd->add_option("RUN_DIR", c->run_dir, "a run folder `gradcert run` made (<report>/runs/<name>/)")->required();
+  cmd->add_option("RUN_DIR", c->run_dir, "a run folder `gradcert run` or `gradcert observe` made (<report>/runs/<name>/)")->required();
   cmd->add_option("--out", o.out, "report folder (default: reports/out/<timestamp>)");
   cmd->add_option("--spec", c->spec_path,
                   "check on this spec instead of the folder's spec.json (e.g. other tolerances); its plan must "
@@ -35,7 +35,7 @@ Verb add_check_verb(CLI::App& app, CommonOptions& o) {
             std::filesystem::create_directories(dir, ec);
             if (ec) throw std::invalid_argument("--out " + dir + ": cannot create: " + ec.message());
             CheckedRun checked = check_run({c->run_dir, c->spec_path, dir + "/check"});
-            std::cout << "# gradcert check " << c->run_dir << ": the artifacts of a " << run_label(checked.report)
+            std::cout << "# gradcert check " << c->run_dir << ": the artifacts of the " << run_label(checked.report)
                       << " run, no rank launched\n";
             Report report;
             report.spec_json = spec_to_json(checked.spec);

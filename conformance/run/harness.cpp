@@ -3,6 +3,7 @@
 #include "conformance/protocol/variables.hpp"
 
 #include "conformance/run/check_artifacts.hpp"
+#include "conformance/run/observe.hpp"
 #include "conformance/run/run_source.hpp"
 #include "conformance/run/reference_source.hpp"
 #include "conformance/checks/diagnosis.hpp"
@@ -293,9 +294,7 @@ CheckedRun check_run(const CheckRequest& c) {
   std::error_code ec;
   if (!fs::is_directory(fs::symlink_status(dir, ec)))
     throw std::invalid_argument(dir + ": not a run folder (no such folder, or not a folder)");
-  if (fs::exists(fs::symlink_status(dir + "/observed.json", ec)))
-    throw std::invalid_argument(dir + ": a `gradcert observe` run folder; `gradcert check` does not check those again "
-                                "yet: run `gradcert observe` on the job again");
+  if (fs::exists(fs::symlink_status(dir + "/observed.json", ec))) return check_observed(c);  // NOTE [observe record]
   const RunRecord rec = read_run_record(dir);
   if (const std::string marker = dir + "/" + kRunFolderMarker; fs::exists(fs::symlink_status(marker, ec)))
     if (run_folder_nonce(dir) != rec.nonce)

@@ -51,7 +51,7 @@ std::string command_failure(const std::string& message, const std::string& who, 
 
 /// A run folder to check again (`gradcert check`).
 struct CheckRequest {
-  std::string run_dir;    ///< a folder `gradcert run` made: run.json, spec.json, plan.json, the artifacts
+  std::string run_dir;    ///< a folder `gradcert run` (run.json, spec.json, plan.json, the artifacts) or `observe` made
   std::string spec_path;  ///< "" = the folder's spec.json; otherwise a spec whose plan must be the run's
   std::string work_dir;   ///< created; receives the Python reference's artifacts and log (never the run folder)
 };

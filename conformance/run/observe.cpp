@@ -9,7 +9,12 @@
 #include <regex>
 #include <stdexcept>
 
+#include <nlohmann/json.hpp>
+
+#include "conformance/core/files.hpp"
 #include "conformance/core/format.hpp"
+#include "conformance/core/strict_json.hpp"
+#include "conformance/protocol/fields.hpp"
 #include "conformance/launch/launcher.hpp"
 #include "conformance/protocol/run_folder.hpp"
 #include "conformance/run/check_artifacts.hpp"
@@ -119,6 +124,71 @@ void skip_params_checks(RunReport& report, const std::string& why) {
     }
 }
 
+// NOTE [observe record] observe.json: the request an observed run folder was made with (the job's
+// command, K, --expect-batch, --model, dropout, device) and its nonce, so that `gradcert check`
+// judges the folder again as `gradcert observe` did, from the job's own records in it.
+void write_observe_record(const ObserveRequest& req, const std::string& nonce) {
+  const nlohmann::json j = {{"schema", "gradcert.observe/1"}, {"argv", req.argv}, {"updates", req.updates},
+                            {"expect_batch", req.expect_batch}, {"model", req.model},
+                            {"keep_dropout", req.keep_dropout}, {"device", req.device},
+                            {"out_dir", req.out_dir}, {"nonce", nonce}};
+  write_file_atomic(req.run_dir + "/observe.json", j.dump(1));
+}
+
+ObserveRequest read_observe_record(const std::string& dir, std::string& nonce) {
+  const std::string path = dir + "/observe.json";
+  const nlohmann::json j = parse_artifact_json(read_text_file(path), path);
+  const Fields f{j, path};
+  f.schema("gradcert.observe/1");
+  ObserveRequest req;
+  const nlohmann::json& argv = f.at("argv");
+  if (!argv.is_array() || argv.empty()) f.fail("field 'argv' must be the job's command, an array of strings");
+  for (const auto& a : argv) {
+    if (!a.is_string()) f.fail("field 'argv' holds a non-string: " + json_excerpt(a));
+    req.argv.push_back(a.get<std::string>());
+  }
+  req.updates = static_cast<int>(f.integer("updates", 1, 1 << 20));
+  req.expect_batch = f.integer("expect_batch", 0, int64_t(1) << 40);
+  req.model = f.string("model");
+  req.keep_dropout = f.boolean("keep_dropout");
+  req.device = f.string("device");
+  req.out_dir = f.string("out_dir");
+  req.run_dir = dir;
+  nonce = f.string("nonce");
+  return req;
+}
+
+// The checks on what the job recorded (NOTE [observed plan]), as `observe` and `check` both judge
+// it; the Python reference writes under work_dir. Records gradcert cannot certify set the error.
+RunReport judge_observed(const ObserveRequest& req, const ObservedJob& job, const std::string& nonce,
+                         const std::string& work_dir, RunPlan* run) {
+  ObservedRun observed;
+  RunReport report;
+  report.backend = "observed";
+  report.run_dir = req.run_dir;
+  report.updates = req.updates;
+  report.topology = {job.world, 1, 1};
+  report.dtype = job.dtype;
+  report.optimizer = optimizer_label(job);
+  try {
+    observed = plan_observed(req, job, nonce);
+  } catch (const ArtifactError& e) {
+    report.error = std::string("bad observed records: ") + e.what();
+    return report;
+  } catch (const std::invalid_argument& e) {
+    report.error = e.what();
+    return report;
+  }
+  if (run) *run = observed.run;
+  RunReport checked = report_of(observed.run);
+  checked.optimizer = optimizer_label(job);
+  check_artifacts(checked, observed.run, nonce, work_dir);
+  if (!observed.unsupported_optimizer.empty()) skip_params_checks(checked, observed.unsupported_optimizer);
+  name_examples(checked, observed.example_names);
+  checked.diagnosis.note = observed.notes + (checked.diagnosis.note.empty() ? "" : "; " + checked.diagnosis.note);
+  return checked;
+}
+
 }  // namespace
 
 // `gradcert observe ... -- CMD`: what reruns this observed run (the report's Reproduce line).
@@ -145,6 +215,7 @@ RunReport observe_job(const ObserveRequest& req, RunPlan* run) {
   report.run_dir = dir;
   report.updates = req.updates;
   const std::string nonce = prepare_run_folder(dir);  // NOTE [run nonce]
+  write_observe_record(req, nonce);  // NOTE [observe record]
   // The job's own launch command under the recorder's variables (NOTE [run sources]).
   const auto source = observed_job(req.argv, dir, req.updates, req.keep_dropout, req.device, req.timeout_s);
   const LaunchResult launched = launch(source->leg(0, nonce));
@@ -194,25 +265,32 @@ RunReport observe_job(const ObserveRequest& req, RunPlan* run) {
                    std::to_string(std::max(1, done));
   if (!report.error.empty()) return finish(report);
 
-  ObservedRun observed;
-  try {
-    observed = plan_observed(req, job, nonce);
-  } catch (const ArtifactError& e) {
-    report.error = std::string("bad observed records: ") + e.what();
-    return finish(report);
-  } catch (const std::invalid_argument& e) {
-    report.error = e.what();
-    return finish(report);
-  }
-  if (run) *run = observed.run;
-  RunReport checked = report_of(observed.run);
+  RunReport checked = judge_observed(req, job, nonce, dir, run);
   checked.interrupted = report.interrupted;
-  checked.optimizer = optimizer_label(job);
-  check_artifacts(checked, observed.run, nonce, dir);
-  if (!observed.unsupported_optimizer.empty()) skip_params_checks(checked, observed.unsupported_optimizer);
-  name_examples(checked, observed.example_names);
-  checked.diagnosis.note = observed.notes + (checked.diagnosis.note.empty() ? "" : "; " + checked.diagnosis.note);
   return finish(checked);
+}
+
+CheckedRun check_observed(const CheckRequest& c) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (!c.spec_path.empty())
+    throw std::invalid_argument("--spec: an observed run folder's spec is what the job did (" + c.run_dir +
+                                "/observe.json); it is checked on that alone");
+  std::string nonce;
+  ObserveRequest req = read_observe_record(c.run_dir, nonce);
+  if (run_folder_nonce(c.run_dir) != nonce)
+    throw ArtifactError(c.run_dir + "/observe.json: field 'nonce' is not the run folder's: an observe.json from "
+                        "another run?");
+  const ObservedJob job = read_observed_job(c.run_dir, nonce);
+  std::error_code ec;
+  fs::create_directories(c.work_dir, ec);
+  if (ec) throw std::invalid_argument(c.work_dir + ": cannot create: " + ec.message());
+  RunPlan run;
+  RunReport report = judge_observed(req, job, nonce, c.work_dir, &run);
+  report.checked_from = c.run_dir;
+  report.reproduce = observe_command(req);
+  if (!report.interrupted) report.interrupted = interrupt_signal();
+  report.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return {run.spec, LauncherKind::Local, std::move(report)};
 }
 
 }  // namespace gradcert

@@ -8,6 +8,7 @@
 
 #include "conformance/core/result.hpp"
 #include "conformance/protocol/observed.hpp"
+#include "conformance/run/harness.hpp"
 #include "conformance/run/run_plan.hpp"
 
 namespace gradcert {
@@ -44,5 +45,11 @@ ObservedRun plan_observed(const ObserveRequest& request, const ObservedJob& job,
 /// recorded nothing, or ran fewer updates does not throw: RunReport::error names the rank, the
 /// update and the cause. `run` (optional) receives the job's plan and spec as the checks read them.
 RunReport observe_job(const ObserveRequest& request, RunPlan* run = nullptr);
+
+/// `gradcert check` of an observed run folder: the job's records in it judged again as
+/// `gradcert observe` judged them (the request from its observe.json, NOTE [observe record]);
+/// the Python reference writes under request.work_dir. A folder without observe.json, or whose
+/// records or nonce are not the folder's, throws ArtifactError naming the file.
+CheckedRun check_observed(const CheckRequest& request);
 
 }  // namespace gradcert

@@ -86,7 +86,7 @@ TEST(ConformanceCheck, BuiltInRunCheckedAgainIsTheSameReport) {
   const std::string folder = only_run_folder(root + "/run");
   const auto checked = test::run_cli("check " + folder + " --out " + root + "/check");
   ASSERT_EQ(checked.code, 0) << checked.out;
-  const std::string header = "# gradcert check " + folder + ": the artifacts of a ddp dp2 float64 sgd run";
+  const std::string header = "# gradcert check " + folder + ": the artifacts of the ddp dp2 float64 sgd run";
   EXPECT_NE(checked.out.find(header), std::string::npos) << checked.out;
   for (const char* row : {"grad.parity", "params.parity", "memory.", "# OK"})
     EXPECT_NE(checked.out.find(row), std::string::npos) << row << "\n" << checked.out;

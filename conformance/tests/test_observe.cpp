@@ -2,6 +2,8 @@
 // PyTorch DDP under torchrun with its own data, sampler, accumulation, AdamW, warm-up and
 // clipping) certified on what it did; its planted loss bugs diagnosed; a crashed, stopped or
 // short job and a job without the integration each end in an error that says which.
+#include <cmath>
+
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -40,6 +42,28 @@ std::string verdict_of(const nlohmann::json& run, const std::string& id) {
   return "absent";
 }
 
+// `gradcert check` of the observed run folder under `out` gives the verdict, check verdicts and
+// figures, and diagnosis the observe run gave (NOTE [observe record]); returns check's exit code.
+int expect_check_agrees(const std::string& out) {
+  const auto c = test::run_cli("check " + out + "/runs/observed --out " + out + "/check");
+  const auto seen = nlohmann::json::parse(slurp(out + "/report.json"))["runs"][0];
+  const auto again = nlohmann::json::parse(slurp(out + "/check/report.json"))["runs"][0];
+  EXPECT_EQ(again["verdict"], seen["verdict"]) << c.out;
+  EXPECT_EQ(again["checks"].size(), seen["checks"].size()) << c.out;
+  for (size_t i = 0; i < seen["checks"].size() && i < again["checks"].size(); ++i) {
+    EXPECT_EQ(again["checks"][i]["id"], seen["checks"][i]["id"]) << c.out;
+    EXPECT_EQ(again["checks"][i]["verdict"], seen["checks"][i]["verdict"]) << seen["checks"][i]["id"] << "\n" << c.out;
+    const auto &x = seen["checks"][i]["figure"], &y = again["checks"][i]["figure"];
+    if (x.is_number() && y.is_number())  // the reference is recomputed: equal up to its last bits
+      EXPECT_NEAR(y.get<double>(), x.get<double>(), 1e-6 * std::abs(x.get<double>()) + 1e-30) << seen["checks"][i]["id"];
+    else
+      EXPECT_EQ(y, x) << seen["checks"][i]["id"] << "\n" << c.out;
+  }
+  EXPECT_EQ(again["diagnosis"]["best"]["id"], seen["diagnosis"]["best"]["id"]) << c.out;
+  EXPECT_NE(c.out.find("no rank launched"), std::string::npos) << c.out;
+  return c.code;
+}
+
 }  // namespace
 
 // The correct job (global token mean over the whole window) passes every check at float64;
@@ -58,6 +82,7 @@ TEST(ConformanceObserve, PlainDdpJobWithTheGlobalMeanPasses) {
   EXPECT_EQ(run["updates"], 3) << r.out;
   EXPECT_NE(r.out.find("through watch (world 2"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("clip_grad_norm_ max_norm 1"), std::string::npos) << r.out;
+  EXPECT_EQ(expect_check_agrees(out), 0);
 }
 
 // The 2024 gradient-accumulation bug (each microbatch's own token mean, divided by A) and the
@@ -71,6 +96,7 @@ TEST(ConformanceObserve, PlantedLossBugsFailAndAreDiagnosed) {
     const auto& run = j["runs"][0];
     EXPECT_EQ(verdict_of(run, "grad.parity"), "fail") << bug << "\n" << r.out;
     EXPECT_NE(r.out.find("matches " + bug), std::string::npos) << bug << "\n" << r.out;
+    EXPECT_EQ(expect_check_agrees(out), 1) << bug;
   }
 }
 

@@ -61,7 +61,9 @@ struct Fields {
   void nonce(const std::string& expected) const {
     if (expected.empty()) fail("no run nonce to check the file against (internal error)");
     if (!j.is_object() || !j.contains("nonce"))
-      fail("field 'nonce' is missing: the file was not written by this run (GRADCERT_RUN_NONCE=" + expected + ")");
+      fail("field 'nonce' is missing: the file was not written by this run (GRADCERT_RUN_NONCE=" + expected +
+           "), or by a stack that does not echo the nonce: protocol version 1 had none, version 2 requires it in "
+           "manifest.json and every rank<g>.json (backends/PROTOCOL.md)");
     const nlohmann::json& v = j.at("nonce");
     if (!v.is_string() || v.get<std::string>() != expected)
       fail("nonce " + json_excerpt(v) + " is not this run's (GRADCERT_RUN_NONCE=" + expected +

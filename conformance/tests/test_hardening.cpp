@@ -104,6 +104,8 @@ TEST(ConformanceHardeningStale, FilesMustCarryThisRunsNonceAndIntegers) {
   EXPECT_NE(none.error.find(root + "/a/manifest.json: field 'nonce' is missing: the file was not written by this run"),
             std::string::npos)
       << none.error;
+  // A stack written for protocol version 1 (no nonce) is sent to the version change, not to a stale folder.
+  EXPECT_NE(none.error.find("protocol version 1 had none, version 2 requires it"), std::string::npos) << none.error;
   const RunReport other = run_backend(fake_request("other-nonce", root + "/b"));
   EXPECT_NE(other.error.find(root + "/b/rank1.json: nonce \"" + std::string(32, '0') + "\" is not this run's"),
             std::string::npos)

@@ -233,7 +233,9 @@ TEST(StrictArtifacts, NonceMustBeThisRuns) {
     RunFolder f("no_nonce");
     EXPECT_EQ(f.error_after("manifest.json", "\"nonce\": \"" + f.nonce + "\",", ""),
               f.dir + "/manifest.json: field 'nonce' is missing: the file was not written by this run "
-                      "(GRADCERT_RUN_NONCE=" + f.nonce + ")");
+                      "(GRADCERT_RUN_NONCE=" + f.nonce + "), or by a stack that does not echo the nonce: protocol "
+                      "version 1 had none, version 2 requires it in manifest.json and every rank<g>.json "
+                      "(backends/PROTOCOL.md)");
   }
   {
     RunFolder f("other_nonce");

@@ -10,4 +10,4 @@ Installed with the `gradcert` package (`pip install <checkout>`; scripts/bootstr
 installs it into .venv, editable, without the CLI). Protocol: backends/PROTOCOL.md.
 """
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # backends/PROTOCOL.md: the version the client speaks (manifest "versions")

@@ -1,9 +1,15 @@
 // The mpirun launcher: one mpirun for all ranks; the failing rank read from mpirun's log.
+#include "conformance/launch/rank_group.hpp"
+
+#include <fcntl.h>
+#include <sys/wait.h>
+
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <sstream>
-
-#include "conformance/launch/rank_group.hpp"
+#include <thread>
 
 namespace gradcert::launch_detail {
 namespace {

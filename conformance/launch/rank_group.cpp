@@ -5,11 +5,17 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <cstring>
 #include <map>
 #include <set>
 #include <sstream>
@@ -278,6 +284,140 @@ LaunchResult interrupted_result(Group& g, Logs& logs, const std::string& who) {
     res.message += "; " + (who.empty() ? join_ranks(stopped) : who) + " still running (stopped by the launcher)";
   res.message += leftovers_text(leftovers);
   return res;
+}
+
+// ---- the group of rank processes (Group) ----
+
+void record_status(RankExit& r, int status) {
+  if (WIFEXITED(status)) {
+    r.exited = true;
+    r.code = WEXITSTATUS(status);
+    r.signal = 0;
+  } else if (WIFSIGNALED(status)) {
+    r.exited = false;
+    r.signal = WTERMSIG(status);
+  }
+}
+
+Group::~Group() {
+  for (int fd : pidfds)
+    if (fd >= 0) ::close(fd);
+}
+
+void Group::resize(size_t n) {
+  pids.assign(n, -1);
+  pidfds.assign(n, -1);
+  exits.resize(n);
+  stopped_at.assign(n, -1);
+  stop_signal.assign(n, 0);
+}
+
+void Group::track(size_t slot, pid_t pid) {
+  pids[slot] = pid;
+  pidfds[slot] = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+}
+
+void Group::forget(size_t slot) {
+  pids[slot] = -1;
+  if (pidfds[slot] >= 0) ::close(pidfds[slot]);
+  pidfds[slot] = -1;
+}
+
+void Group::wait(std::chrono::milliseconds d) {
+  std::vector<int> wake;
+  for (size_t i = 0; i < pids.size(); ++i)
+    if (pids[i] > 0 && pidfds[i] >= 0) wake.push_back(pidfds[i]);
+  if (logs) {
+    logs->wait(d, wake);
+  } else if (!wake.empty()) {
+    std::vector<pollfd> fds;
+    for (int fd : wake) fds.push_back({fd, POLLIN, 0});
+    ::poll(fds.data(), fds.size(), static_cast<int>(d.count()));
+  } else {
+    std::this_thread::sleep_for(d);
+  }
+}
+
+// waitpid without blocking, EINTR retried.
+static pid_t wait_nohang(pid_t pid, int& status) {
+  pid_t r;
+  do {
+    r = ::waitpid(pid, &status, WNOHANG | WUNTRACED | WCONTINUED);
+  } while (r < 0 && errno == EINTR);
+  return r;
+}
+
+std::vector<int> Group::poll() {
+  std::vector<int> reaped;
+  for (size_t i = 0; i < pids.size(); ++i) {
+    if (pids[i] <= 0) continue;
+    int status = 0;
+    const pid_t r = wait_nohang(pids[i], status);
+    if (r == 0) continue;
+    if (r > 0 && WIFSTOPPED(status)) {
+      if (stopped_at[i] < 0) stopped_at[i] = seconds_since(start), stop_signal[i] = WSTOPSIG(status);
+      continue;
+    }
+    if (r > 0 && WIFCONTINUED(status)) {
+      stopped_at[i] = -1;
+      continue;
+    }
+    if (r < 0) {
+      // Reaped by someone else (ECHILD): the outcome is unknown; count it as failed.
+      exits[i].exited = true;
+      exits[i].code = -1;
+    } else {
+      record_status(exits[i], status);
+    }
+    forget(i);
+    stopped_at[i] = -1;
+    reaped.push_back(static_cast<int>(i));
+  }
+  return reaped;
+}
+
+std::vector<int> Group::running() const {
+  std::vector<int> out;
+  for (size_t i = 0; i < pids.size(); ++i)
+    if (pids[i] > 0) out.push_back(static_cast<int>(i));
+  return out;
+}
+
+void Group::signal_group(int sig) const {
+  if (pgid > 1) ::kill(-pgid, sig);
+}
+
+std::vector<int> Group::stop() {
+  std::vector<int> stopped = running();
+  for (int i : stopped) exits[i].killed_by_launcher = true;
+  if (stopped.empty()) {
+    signal_group(SIGKILL);  // leftover processes of the group (a stack's background child)
+    return stopped;
+  }
+  signal_group(SIGTERM);
+  signal_group(SIGCONT);
+  auto grace_end = Clock::now() + kTermGrace;
+  while (!running().empty() && Clock::now() < grace_end) {
+    wait(kPollInterval);
+    poll();
+  }
+  signal_group(SIGKILL);  // also takes down leftover grandchildren in the group
+  for (size_t i = 0; i < pids.size(); ++i) {
+    if (pids[i] <= 0) continue;
+    int status = 0;
+    pid_t r;
+    do {
+      r = ::waitpid(pids[i], &status, 0);
+    } while (r < 0 && errno == EINTR);
+    if (r > 0) {
+      record_status(exits[i], status);
+    } else {
+      exits[i].exited = true;
+      exits[i].code = -1;
+    }
+    forget(i);
+  }
+  return stopped;
 }
 
 }  // namespace gradcert::launch_detail

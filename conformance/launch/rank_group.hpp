@@ -4,23 +4,14 @@
 #pragma once
 #include "conformance/launch/launcher.hpp"
 
-#include <fcntl.h>
-#include <poll.h>
 #include <signal.h>
-#include <sys/syscall.h>
 #include <sys/types.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <atomic>
-#include <cerrno>
 #include <chrono>
 #include <cstdint>
-#include <cstring>
-#include <stdexcept>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -70,125 +61,30 @@ struct CappedLog {
   std::string recent;  // the last kLogRecent..2 kLogRecent bytes of all output
   int write_error = 0;  // errno of the first failed write to the log file
 
-  void write(const char* p, size_t n) {
-    if (const int err = write_bytes(file, p, n); err && !write_error) write_error = err;
-  }
-
-  void take(const char* p, size_t n) {
-    recent.append(p, n);
-    if (recent.size() > 2 * kLogRecent) recent.erase(0, recent.size() - kLogRecent);
-    if (total < kLogHead) {
-      const size_t head = std::min<uint64_t>(n, kLogHead - total);
-      write(p, head);
-      total += head;
-      p += head;
-      n -= head;
-    }
-    total += n;
-    tail.append(p, n);
-    if (tail.size() > 2 * kLogTail) tail.erase(0, tail.size() - kLogTail);
-  }
-
-  // Reads what the pipe holds now (at most `budget` bytes); closes it at end of output.
-  void drain(size_t budget) {
-    char buf[64 << 10];
-    while (in >= 0 && budget > 0) {
-      const ssize_t n = ::read(in, buf, std::min(sizeof buf, budget));
-      if (n > 0) {
-        take(buf, static_cast<size_t>(n));
-        budget -= static_cast<size_t>(n);
-        continue;
-      }
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0 && errno == EAGAIN) return;
-      ::close(in);  // end of output (or an error reading it)
-      in = -1;
-    }
-  }
-
-  void finish() {
-    drain(SIZE_MAX);
-    if (in >= 0) ::close(in), in = -1;
-    if (file < 0) return;
-    const uint64_t after_head = total > kLogHead ? total - kLogHead : 0;
-    const size_t kept = static_cast<size_t>(std::min<uint64_t>(after_head, kLogTail));
-    if (after_head > kept) {
-      const std::string marker = "\n[... " + std::to_string(after_head - kept) + " bytes cut ...]\n";
-      write(marker.data(), marker.size());
-    }
-    write(tail.data() + tail.size() - kept, kept);
-    tail.clear();
-    ::close(file);
-    file = -1;
-  }
+  void write(const char* p, size_t n);
+  void take(const char* p, size_t n);
+  /// Reads what the pipe holds now (at most `budget` bytes); closes it at end of output.
+  void drain(size_t budget);
+  /// Drains the rest, writes the "[... N bytes cut ...]" marker and the tail, closes the log.
+  void finish();
 };
 
 // The logs of one launch: each rank's pipe, drained while the launcher waits.
 struct Logs {
   std::vector<CappedLog> logs;
 
-  ~Logs() {
-    for (auto& l : logs) l.finish();
-  }
-
-  // Opens `path` and a pipe for it; returns the pipe's write end (for the child).
-  int add(const std::string& path) {
-    CappedLog l;
-    l.path = path;
-    l.file = open_log(path);
-    int fds[2];
-    if (::pipe2(fds, O_CLOEXEC) != 0) {
-      const int err = errno;
-      ::close(l.file);
-      throw std::runtime_error("cannot make a pipe for log " + path + ": " + std::strerror(err));
-    }
-    ::fcntl(fds[0], F_SETFL, ::fcntl(fds[0], F_GETFL) | O_NONBLOCK);
-    l.in = fds[0];
-    logs.push_back(std::move(l));
-    return fds[1];
-  }
-
-  // Waits up to `timeout` for output on any pipe and takes what came.
-  // Drains what the ranks wrote, waiting up to `timeout`; returns early when a log has data or
-  // one of `wake` (a rank's pidfd: it exited) is readable.
-  void wait(std::chrono::milliseconds timeout, const std::vector<int>& wake = {}) {
-    std::vector<pollfd> fds;
-    std::vector<CappedLog*> of;
-    for (auto& l : logs)
-      if (l.in >= 0) fds.push_back({l.in, POLLIN, 0}), of.push_back(&l);
-    for (int fd : wake) fds.push_back({fd, POLLIN, 0});
-    if (fds.empty()) {
-      std::this_thread::sleep_for(timeout);
-      return;
-    }
-    if (::poll(fds.data(), fds.size(), static_cast<int>(timeout.count())) <= 0) return;
-    for (size_t i = 0; i < of.size(); ++i)
-      if (fds[i].revents) of[i]->drain(4 << 20);
-  }
-
-  void finish() {
-    for (auto& l : logs) l.finish();
-  }
-
-  // The log written for `path`, or nullptr.
-  const CappedLog* find(const std::string& path) const {
-    for (const auto& l : logs)
-      if (l.path == path) return &l;
-    return nullptr;
-  }
+  ~Logs() { finish(); }
+  /// Opens `path` and a pipe for it; returns the pipe's write end (for the child).
+  int add(const std::string& path);
+  /// Drains what the ranks wrote, waiting up to `timeout`; returns early when a log has data or
+  /// one of `wake` (a rank's pidfd: it exited) is readable.
+  void wait(std::chrono::milliseconds timeout, const std::vector<int>& wake = {});
+  void finish();
+  /// The log written for `path`, or nullptr.
+  const CappedLog* find(const std::string& path) const;
 };
 
-inline void record_status(RankExit& r, int status) {
-  if (WIFEXITED(status)) {
-    r.exited = true;
-    r.code = WEXITSTATUS(status);
-    r.signal = 0;
-  } else if (WIFSIGNALED(status)) {
-    r.exited = false;
-    r.signal = WTERMSIG(status);
-  }
-}
-
+void record_status(RankExit& r, int status);
 inline bool failed(const RankExit& r) { return !r.exited || r.code != 0; }
 
 // Tracks a set of children in one process group.
@@ -209,124 +105,21 @@ struct Group {
   Group() = default;
   Group(const Group&) = delete;
   Group& operator=(const Group&) = delete;
-  ~Group() {
-    for (int fd : pidfds)
-      if (fd >= 0) ::close(fd);
-  }
+  ~Group();
 
-  void resize(size_t n) {
-    pids.assign(n, -1);
-    pidfds.assign(n, -1);
-    exits.resize(n);
-    stopped_at.assign(n, -1);
-    stop_signal.assign(n, 0);
-  }
-
-  void track(size_t slot, pid_t pid) {
-    pids[slot] = pid;
-    pidfds[slot] = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
-  }
-
-  void forget(size_t slot) {
-    pids[slot] = -1;
-    if (pidfds[slot] >= 0) ::close(pidfds[slot]);
-    pidfds[slot] = -1;
-  }
-
-  void wait(std::chrono::milliseconds d) {
-    std::vector<int> wake;
-    for (size_t i = 0; i < pids.size(); ++i)
-      if (pids[i] > 0 && pidfds[i] >= 0) wake.push_back(pidfds[i]);
-    if (logs) {
-      logs->wait(d, wake);
-    } else if (!wake.empty()) {
-      std::vector<pollfd> fds;
-      for (int fd : wake) fds.push_back({fd, POLLIN, 0});
-      ::poll(fds.data(), fds.size(), static_cast<int>(d.count()));
-    } else {
-      std::this_thread::sleep_for(d);
-    }
-  }
-
-  // Reaps whatever has ended, and notes ranks stopped or continued; returns the slots
-  // reaped, in slot order.
-  std::vector<int> poll() {
-    std::vector<int> reaped;
-    for (size_t i = 0; i < pids.size(); ++i) {
-      if (pids[i] <= 0) continue;
-      int status = 0;
-      pid_t r;
-      do {
-        r = ::waitpid(pids[i], &status, WNOHANG | WUNTRACED | WCONTINUED);
-      } while (r < 0 && errno == EINTR);
-      if (r == 0) continue;
-      if (r > 0 && WIFSTOPPED(status)) {
-        if (stopped_at[i] < 0) stopped_at[i] = seconds_since(start), stop_signal[i] = WSTOPSIG(status);
-        continue;
-      }
-      if (r > 0 && WIFCONTINUED(status)) {
-        stopped_at[i] = -1;
-        continue;
-      }
-      if (r < 0) {
-        // Reaped by someone else (ECHILD): the outcome is unknown; count it as failed.
-        exits[i].exited = true;
-        exits[i].code = -1;
-      } else {
-        record_status(exits[i], status);
-      }
-      forget(i);
-      stopped_at[i] = -1;
-      reaped.push_back(static_cast<int>(i));
-    }
-    return reaped;
-  }
-
-  std::vector<int> running() const {
-    std::vector<int> out;
-    for (size_t i = 0; i < pids.size(); ++i)
-      if (pids[i] > 0) out.push_back(static_cast<int>(i));
-    return out;
-  }
-
-  void signal_group(int sig) const {
-    if (pgid > 1) ::kill(-pgid, sig);
-  }
-
-  // SIGTERM (and SIGCONT, so a stopped rank gets it), up to 2 s grace, SIGKILL, reap all.
-  // Returns the slots that were stopped.
-  std::vector<int> stop() {
-    std::vector<int> stopped = running();
-    for (int i : stopped) exits[i].killed_by_launcher = true;
-    if (stopped.empty()) {
-      signal_group(SIGKILL);  // leftover processes of the group (a stack's background child)
-      return stopped;
-    }
-    signal_group(SIGTERM);
-    signal_group(SIGCONT);
-    auto grace_end = Clock::now() + kTermGrace;
-    while (!running().empty() && Clock::now() < grace_end) {
-      wait(kPollInterval);
-      poll();
-    }
-    signal_group(SIGKILL);  // also takes down leftover grandchildren in the group
-    for (size_t i = 0; i < pids.size(); ++i) {
-      if (pids[i] <= 0) continue;
-      int status = 0;
-      pid_t r;
-      do {
-        r = ::waitpid(pids[i], &status, 0);
-      } while (r < 0 && errno == EINTR);
-      if (r > 0) {
-        record_status(exits[i], status);
-      } else {
-        exits[i].exited = true;
-        exits[i].code = -1;
-      }
-      forget(i);
-    }
-    return stopped;
-  }
+  void resize(size_t n);
+  void track(size_t slot, pid_t pid);
+  void forget(size_t slot);
+  /// Waits up to `d` for a rank's exit (its pidfd) or its output (the logs, drained).
+  void wait(std::chrono::milliseconds d);
+  /// Reaps whatever has ended, and notes ranks stopped or continued; returns the slots
+  /// reaped, in slot order.
+  std::vector<int> poll();
+  std::vector<int> running() const;
+  void signal_group(int sig) const;
+  /// SIGTERM (and SIGCONT, so a stopped rank gets it), up to 2 s grace, SIGKILL, reap all.
+  /// Returns the slots that were stopped.
+  std::vector<int> stop();
 };
 
 std::vector<pid_t> descendants();  // every process below this one, from /proc

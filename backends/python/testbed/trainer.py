@@ -32,6 +32,7 @@ from gradcert import _env
 from gradcert.ref import PROTOCOL_VERSION  # noqa: F401
 from gradcert.ref import client
 from gradcert.ref import factory as factory_mod
+from gradcert.ref.reference import optimizer_step
 
 from . import checkpoint as ckpt
 from . import mutants
@@ -120,7 +121,8 @@ class _Handle:
 
 
 class HandOptimizer:
-    """Elementwise SGD / AdamW exactly as conformance/model.cpp writes them. Works on
+    """Elementwise SGD / AdamW: the reference's own step (gradcert.ref.reference.optimizer_step,
+    as conformance/model.cpp writes it), applied per parameter. Works on
     plain tensors and on DTensors (the arithmetic is elementwise, so shards are fine).
     Step pre-hooks as torch.optim.Optimizer has them (for client.GradRecorder)."""
 
@@ -143,34 +145,9 @@ class HandOptimizer:
     def step(self):
         for hook in list(self._pre_hooks):
             hook(self, (), {})
-        o = self.opt
         self.step_count += 1
-        lr = o["lr"]
         for p in self.params:
-            g = p.grad
-            st = self.state.setdefault(id(p), {})
-            if o["name"] == "sgd":
-                d = g
-                if o["weight_decay"] != 0:
-                    d = d + o["weight_decay"] * p
-                if o["momentum"] != 0:
-                    if "m" not in st:
-                        st["m"] = d.clone()
-                    else:
-                        st["m"].mul_(o["momentum"]).add_(d)
-                    d = st["m"]
-                p.add_(d, alpha=-lr)
-                continue
-            if "m" not in st:
-                st["m"] = torch.zeros_like(p)
-                st["v"] = torch.zeros_like(p)
-            p.mul_(1 - lr * o["weight_decay"])
-            st["m"].mul_(o["beta1"]).add_(g, alpha=1 - o["beta1"])
-            st["v"].mul_(o["beta2"]).addcmul_(g, g, value=1 - o["beta2"])
-            bc1 = 1 - o["beta1"] ** self.step_count
-            bc2 = 1 - o["beta2"] ** self.step_count
-            denom = (st["v"] / bc2).sqrt_().add_(o["eps"])
-            p.addcdiv_(st["m"], denom, value=-lr / bc1)
+            optimizer_step(self.opt, self.step_count, p, p.grad, self.state.setdefault(id(p), {}))
 
 
 def make_optimizer(params, opt: dict, kind: str):

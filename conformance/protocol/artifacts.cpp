@@ -22,15 +22,26 @@ void write_rank_record(const std::string& dir, int rank, int dp_rank, const std:
                        const std::string& nonce) {
   json ups = json::array();
   for (const auto& u : updates) {
-    ups.push_back({{"update", u.update}, {"consumed", u.consumed}, {"loss_sum", u.loss_sum},
-                   {"valid_targets", u.valid_targets}});
+    ups.push_back({{"update", u.update}, {"consumed", u.consumed}, {"loss_sum", u.loss_sum}});
+    if (u.valid_targets >= 0) ups.back()["valid_targets"] = u.valid_targets;
     if (!u.replicas.empty()) ups.back()["replicas"] = u.replicas;
   }
   json j = {{"schema", "gradcert.rank/1"}, {"rank", rank}, {"dp_rank", dp_rank}, {"nonce", nonce}, {"updates", ups}};
   write_file_atomic(dir + "/rank" + std::to_string(rank) + ".json", j.dump(1));
 }
 
-static std::string tensor_file(int update, const char* kind) {
+std::string dataset_json(const std::vector<Sample>& samples) {
+  json rows = json::array();
+  for (const Sample& s : samples) rows.push_back({{"id", s.id}, {"tokens", s.tokens}, {"labels", s.labels}});
+  return json{{"schema", "gradcert.dataset/1"}, {"ignore_index", kIgnoreIndex}, {"pad_token", kPadToken},
+              {"samples", rows}}.dump();
+}
+
+void write_dataset(const std::string& dir, const std::vector<Sample>& samples) {
+  write_file_atomic(dir + "/dataset.json", dataset_json(samples));
+}
+
+std::string tensor_file(int update, const char* kind) {
   return "u" + std::to_string(update) + "." + kind + ".safetensors";
 }
 
@@ -73,7 +84,8 @@ void write_manifest(const std::string& dir, const std::string& backend, int worl
                     const std::vector<ManifestUpdate>& updates, const std::string& nonce, bool shards) {
   json ups = json::array();
   for (const auto& u : updates) {
-    ups.push_back({{"update", u.update}, {"loss", u.loss}, {"valid_targets", u.valid_targets},
+    ups.push_back({{"update", u.update}, {"loss", u.has_loss ? json(u.loss) : json(nullptr)},
+                   {"valid_targets", u.has_valid_targets ? json(u.valid_targets) : json(nullptr)},
                    {"step_seconds", u.step_seconds}});
     if (!shards) {
       ups.back()["grads"] = tensor_file(u.update, "grads");

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "conformance/core/dataset.hpp"
 #include "conformance/core/memory_types.hpp"
 #include "conformance/core/plan.hpp"
 #include "conformance/core/tensors.hpp"
@@ -78,7 +79,7 @@ struct RankUpdateRecord {
   int update = 0;
   std::vector<std::vector<int64_t>> consumed;  ///< ids per microstep
   double loss_sum = 0;                          ///< S_r = sum_a S_{r,a}
-  int64_t valid_targets = 0;                    ///< sum_a n_{r,a}
+  int64_t valid_targets = 0;                    ///< sum_a n_{r,a}; -1: the rank did not count it (left out)
   std::map<std::string, std::string> replicas;  ///< NOTE [replica digests]
 };
 
@@ -86,6 +87,14 @@ struct RankUpdateRecord {
 void write_rank_record(const std::string& dir, int rank, int dp_rank, const std::vector<RankUpdateRecord>& updates,
                        const std::string& nonce);
 
+/// dataset.json (backends/PROTOCOL.md): schema, ignore_index, pad_token and every sample's id,
+/// tokens and labels, in the order given.
+std::string dataset_json(const std::vector<Sample>& samples);
+/// Writes <dir>/dataset.json.
+void write_dataset(const std::string& dir, const std::vector<Sample>& samples);
+
+/// "u<update>.<kind>.safetensors", kind "grads" | "params": rank 0's whole tensors of an update.
+std::string tensor_file(int update, const char* kind);
 /// What rank 0 writes per update: <dir>/u<k>.grads.safetensors, u<k>.params.safetensors.
 void write_update_tensors(const std::string& dir, int update, const TensorMap& grads, const TensorMap& params);
 
@@ -131,7 +140,8 @@ struct ManifestUpdate {
   double step_seconds = 0;
   bool has_loss = true, has_valid_targets = true;  ///< false: null in manifest.json (not exposed)
 };
-/// Writes <dir>/manifest.json (rank 0, after the last update), carrying the run's nonce; with
+/// Writes <dir>/manifest.json (rank 0, after the last update), carrying the run's nonce (a loss
+/// or N the stack does not expose, has_loss / has_valid_targets false, is written null); with
 /// `shards`, schema 2 naming every rank's shard_file per update (NOTE [shard artifacts]).
 void write_manifest(const std::string& dir, const std::string& backend, int world,
                     const std::vector<ManifestUpdate>& updates, const std::string& nonce, bool shards = false);

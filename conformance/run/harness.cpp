@@ -321,7 +321,8 @@ CheckedRun check_run(const CheckRequest& c) {
   // The inputs the ranks consumed are the spec's (with --spec, only the plan's windows count).
   expect_input_file(dir + "/plan.json", nlohmann::json::parse(plan_to_json(run.plan, spec)), !c.spec_path.empty(),
                     "plan");
-  if (run.external()) expect_input_file(dir + "/dataset.json", external_dataset(spec), false, "dataset");
+  if (run.external()) expect_input_file(dir + "/dataset.json", nlohmann::json::parse(dataset_json(external_samples(spec))), false,
+                                       "dataset");
   if (run.resumed()) {  // the second leg's inputs (NOTE [resume])
     const RunLegPlan& second = run.final_leg();
     expect_input_file(dir + "/leg2.plan.json", nlohmann::json::parse(plan_to_json(second.plan, second.spec)),

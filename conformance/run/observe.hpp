@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "conformance/core/result.hpp"
+#include "conformance/protocol/artifacts.hpp"
 #include "conformance/protocol/observed.hpp"
 #include "conformance/run/harness.hpp"
 #include "conformance/run/run_plan.hpp"
@@ -34,6 +35,27 @@ struct ObservedRun {
   std::string unsupported_optimizer;  ///< "" : the reference steps the job's optimizer; else why not (params.* skip)
   std::map<int64_t, std::string> example_names;  ///< id -> "content KEY, tokens 5 9 2 ..." (the ledger names them)
 };
+
+/// Every rank's record of each observed update: [update][rank].
+using ObservedRecords = std::vector<std::vector<ObservedUpdate>>;
+
+/// The run folder's inputs and artifacts that a job's records make (NOTE [observed plan]).
+struct ObservedFolder {
+  ObservedRun observed;                              ///< the run plan the checks read, the job's facts
+  std::vector<Sample> samples;                       ///< dataset.json: every example seen, by first appearance
+  std::vector<std::vector<RankUpdateRecord>> ranks;  ///< rank<g>.json: what rank g consumed per update
+  std::vector<ManifestUpdate> manifest;              ///< manifest.json: the job's N per update (or null)
+  nlohmann::json plan_extras;  ///< plan.json's "observed": the optimizer groups per update, frozen, the job's settings
+};
+
+/// The records -> the run folder's parts: a pure function (no file is read or written). Throws
+/// ArtifactError (a record that names files other than the protocol's) or std::invalid_argument
+/// (a job gradcert cannot certify, naming the rank, the update and why).
+ObservedFolder observed_folder(const ObserveRequest& request, const ObservedJob& job, const ObservedRecords& records);
+
+/// Writes `folder` into its run folder through the protocol's writers (spec.json, plan.json,
+/// write_dataset, write_rank_record, write_manifest; schema 2 when `sharded`).
+void write_observed_folder(const ObservedFolder& folder, bool sharded, const std::string& nonce);
 
 /// Reads K updates of every rank's records in `dir` (which the job wrote with `nonce`) and
 /// writes the run folder's inputs and artifacts (spec.json, plan.json, dataset.json, rank<g>.json,

@@ -34,6 +34,7 @@
 #include "conformance/core/files.hpp"
 #include "conformance/core/format.hpp"
 #include "conformance/core/plan.hpp"
+#include "conformance/protocol/artifacts.hpp"
 #include "conformance/protocol/run_folder.hpp"
 #include "conformance/run/observe.hpp"
 
@@ -119,7 +120,7 @@ std::string observing_cost(const std::vector<std::vector<ObservedUpdate>>& rec) 
 
 std::string range_text(int n) { return n == 1 ? "update 0" : "updates 0.." + std::to_string(n - 1); }
 
-using Records = std::vector<std::vector<ObservedUpdate>>;  // [update][rank]
+using Records = ObservedRecords;
 
 // Every rank's record of each of the K updates, one world and one sharding throughout.
 Records read_records(const std::string& dir, const ObservedJob& job, int K, const std::string& nonce) {
@@ -144,15 +145,12 @@ Records read_records(const std::string& dir, const ObservedJob& job, int K, cons
   return rec;
 }
 
-// What the records make beside the plan: the dataset, each rank's record and the manifest's
-// updates as the protocol's files hold them, the param groups per update, the clip.
+// What the records make as they are read, beside the folder's parts (ObservedFolder).
 struct Assembly {
   std::map<std::string, int64_t> id_of;  // content key -> example id
-  json samples = json::array();
   std::vector<int64_t> targets_of_id;
   size_t longest = 0;
-  std::vector<json> rank_json;
-  json manifest_updates = json::array(), groups_per_update = json::array();
+  json groups_per_update = json::array();
   double clip = 0;
   std::string batch_source;
   bool epoch_known = false;
@@ -160,13 +158,18 @@ struct Assembly {
 };
 
 // An example's id: numbered by first appearance (NOTE [observed plan]).
-int64_t example_id(Assembly& a, ObservedRun& out, const ObservedExample& e) {
+int64_t example_id(Assembly& a, ObservedFolder& out, const ObservedExample& e) {
   auto [it, fresh] = a.id_of.emplace(e.key, static_cast<int64_t>(a.targets_of_id.size()));
   if (fresh) {
-    a.samples.push_back({{"id", it->second}, {"tokens", e.tokens}, {"labels", e.labels}});
+    Sample sample;
+    sample.id = it->second;
+    sample.tokens = e.tokens;
+    sample.labels = e.labels;
+    out.samples.push_back(std::move(sample));
     std::string first;
     for (size_t t = 0; t < e.tokens.size() && t < 6; ++t) first += (t ? " " : "") + std::to_string(e.tokens[t]);
-    out.example_names[it->second] = "content " + e.key + ", tokens " + first + (e.tokens.size() > 6 ? " ..." : "");
+    out.observed.example_names[it->second] =
+        "content " + e.key + ", tokens " + first + (e.tokens.size() > 6 ? " ..." : "");
     a.targets_of_id.push_back(
         std::count_if(e.labels.begin(), e.labels.end(), [](int64_t l) { return l != kIgnoreIndex; }));
     a.longest = std::max(a.longest, e.tokens.size());
@@ -212,7 +215,8 @@ Plan plan_shape(const ObserveRequest& req, const ObservedJob& job, const Records
 
 // Update u's window (slots[r][a]: rank r's a-th forward) and each rank's record of it; the one
 // clip_grad_norm_ max_norm the job used.
-Window observed_window(int u, const std::vector<ObservedUpdate>& ranks, const Plan& plan, Assembly& a, ObservedRun& out) {
+Window observed_window(int u, const std::vector<ObservedUpdate>& ranks, const Plan& plan, Assembly& a,
+                       ObservedFolder& out) {
   const int W = plan.dp, A = plan.accum;
   Window w;
   w.update = u;
@@ -221,7 +225,11 @@ Window observed_window(int u, const std::vector<ObservedUpdate>& ranks, const Pl
   w.slots.assign(W, std::vector<Microbatch>(A));
   for (int g = 0; g < W; ++g) {
     const ObservedUpdate& r = ranks[g];
-    json consumed = json::array();
+    RankUpdateRecord record;  // the rank's N is left out: only the job's own N is evidence
+    record.update = u;
+    record.loss_sum = r.loss_sum;
+    record.replicas = r.replicas;
+    record.valid_targets = -1;
     for (int k = 0; k < A; ++k) {
       Microbatch& mb = w.slots[g][k];
       if (k < static_cast<int>(r.microsteps.size()))
@@ -233,11 +241,9 @@ Window observed_window(int u, const std::vector<ObservedUpdate>& ranks, const Pl
         }
       w.ids.insert(w.ids.end(), mb.ids.begin(), mb.ids.end());
       w.valid_targets += mb.valid_targets;
-      consumed.push_back(mb.ids);
+      record.consumed.push_back(mb.ids);
     }
-    json entry = {{"update", u}, {"consumed", consumed}, {"loss_sum", r.loss_sum}};
-    if (!r.replicas.empty()) entry["replicas"] = r.replicas;
-    a.rank_json[g].push_back(entry);
+    out.ranks[g].push_back(std::move(record));
     if (r.clip_max_norm > 0) {
       if (a.clip > 0 && r.clip_max_norm != a.clip)
         throw std::invalid_argument("rank " + std::to_string(g) + ", update " + std::to_string(u) +
@@ -253,24 +259,30 @@ Window observed_window(int u, const std::vector<ObservedUpdate>& ranks, const Pl
   return w;
 }
 
-// Update u in manifest.json: rank 0's N and step time, every rank's tensor files when sharded.
-json manifest_update(int u, const std::vector<ObservedUpdate>& ranks, bool sharded) {
+// The job's tensor files must be the protocol's names for update u (the manifest writer names them).
+void expect_protocol_files(int u, const std::vector<ObservedUpdate>& ranks, bool sharded) {
+  for (size_t g = 0; g < ranks.size(); ++g) {
+    const ObservedUpdate& r = ranks[g];
+    for (auto [kind, files] : {std::pair{"grads", &r.grads}, {"params", &r.params}}) {
+      const std::string want = sharded ? shard_file(u, static_cast<int>(g), kind) : tensor_file(u, kind);
+      if ((sharded || g == 0) && (files->size() != 1 || files->front() != want))
+        throw ArtifactError(observed_update_file(static_cast<int>(g), u) + ": field '" + kind + "' names " +
+                            (files->empty() ? std::string("no file") : files->front()) + ", the protocol's file is " + want);
+    }
+  }
+}
+
+// Update u in manifest.json: rank 0's N (the job's num_items_in_batch, else null) and step time.
+ManifestUpdate manifest_update(int u, const std::vector<ObservedUpdate>& ranks, bool sharded) {
+  expect_protocol_files(u, ranks, sharded);
   const ObservedUpdate& r0 = ranks[0];
   const int64_t n_items = r0.microsteps.front().num_items_in_batch;
-  json m = {{"update", u}, {"loss", nullptr}, {"valid_targets", n_items >= 0 ? json(n_items) : json(nullptr)},
-            {"step_seconds", r0.step_seconds}};
-  if (sharded) {
-    json gf = json::array(), pf = json::array();
-    for (const auto& r : ranks) {
-      gf.push_back(r.grads.at(0));
-      pf.push_back(r.params.at(0));
-    }
-    m["grads"] = gf;
-    m["params"] = pf;
-  } else {
-    m["grads"] = r0.grads.at(0);
-    m["params"] = r0.params.at(0);
-  }
+  ManifestUpdate m;
+  m.update = u;
+  m.has_loss = false;  // the job's loss is its own business: gradients are compared
+  m.has_valid_targets = n_items >= 0;
+  m.valid_targets = std::max<int64_t>(n_items, 0);
+  m.step_seconds = r0.step_seconds;
   return m;
 }
 
@@ -326,28 +338,6 @@ std::string observed_spec(const ObserveRequest& req, const ObservedJob& job, con
   return model_source;
 }
 
-// The run folder's inputs and artifacts: spec, plan (with the job's optimizer groups, frozen
-// tensors and settings), dataset, each rank's record, the manifest.
-void write_observed_folder(const ObservedJob& job, const std::string& nonce, const RunPlan& run, const Assembly& a) {
-  const std::string& dir = run.request.run_dir;
-  const int W = job.world;
-  json plan_json = json::parse(plan_to_json(run.plan, run.spec));
-  plan_json["observed"] = {{"optimizer", {{"class", job.optimizer_class}, {"updates", a.groups_per_update}}},
-                           {"frozen", job.frozen},
-                           {"job", job.job}};
-  write_file_atomic(dir + "/spec.json", spec_to_json(run.spec));
-  write_file_atomic(dir + "/plan.json", plan_json.dump(1));
-  write_file_atomic(dir + "/dataset.json", json{{"schema", "gradcert.dataset/1"}, {"ignore_index", kIgnoreIndex},
-                                                {"pad_token", kPadToken}, {"samples", a.samples}}.dump());
-  for (int g = 0; g < W; ++g)
-    write_file_atomic(dir + "/rank" + std::to_string(g) + ".json",
-                      json{{"schema", "gradcert.rank/1"}, {"rank", g}, {"dp_rank", g}, {"nonce", nonce},
-                           {"updates", a.rank_json[g]}}.dump(1));
-  write_file_atomic(dir + "/manifest.json",
-                    json{{"schema", job.sharded ? "gradcert.artifacts/2" : "gradcert.artifacts/1"}, {"backend", "observed"},
-                         {"world", W}, {"nonce", nonce}, {"updates", a.manifest_updates}}.dump(1));
-}
-
 // What the report says about the job.
 std::string job_facts(const ObservedJob& job, const RunPlan& run, const Assembly& a, const std::string& model_source,
                       const Records& rec) {
@@ -370,31 +360,31 @@ std::string job_facts(const ObservedJob& job, const RunPlan& run, const Assembly
 
 }  // namespace
 
-ObservedRun plan_observed(const ObserveRequest& req, const ObservedJob& job, const std::string& nonce) {
-  const int K = req.updates, W = job.world;
-  const Records rec = read_records(req.run_dir, job, K, nonce);
-  ObservedRun out;
+ObservedFolder observed_folder(const ObserveRequest& req, const ObservedJob& job, const ObservedRecords& rec) {
+  const int K = static_cast<int>(rec.size()), W = job.world;
+  ObservedFolder out;
+  ObservedRun& obs = out.observed;
   Assembly a;
-  a.rank_json.assign(W, json::array());
+  out.ranks.assign(W, {});
   Plan plan = plan_shape(req, job, rec, a);
   for (int u = 0; u < K; ++u) {
     plan.windows.push_back(observed_window(u, rec[u], plan, a, out));
-    a.manifest_updates.push_back(manifest_update(u, rec[u], job.sharded));
+    out.manifest.push_back(manifest_update(u, rec[u], job.sharded));
     json groups = json::array();
     for (const auto& g : rec[u][0].groups)
-      groups.push_back(reference_group(g, job.optimizer_kind, job.optimizer_class, out.unsupported_optimizer));
+      groups.push_back(reference_group(g, job.optimizer_kind, job.optimizer_class, obs.unsupported_optimizer));
     a.groups_per_update.push_back(groups);
   }
   for (int u = 0; u < K; ++u)
     for (int g = 1; g < W; ++g)
       if (rec[u][g].microsteps.size() != rec[u][0].microsteps.size())
-        out.notes += "rank " + std::to_string(g) + " ran " + std::to_string(rec[u][g].microsteps.size()) +
+        obs.notes += "rank " + std::to_string(g) + " ran " + std::to_string(rec[u][g].microsteps.size()) +
                      " forwards in update " + std::to_string(u) + ", rank 0 " +
                      std::to_string(rec[u][0].microsteps.size()) + "; ";
 
-  RunPlan& run = out.run;
+  RunPlan& run = obs.run;
   run.observed = true;
-  const std::string model_source = observed_spec(req, job, plan, a, out);
+  const std::string model_source = observed_spec(req, job, plan, a, obs);
   run.plan = plan;
   std::vector<int64_t> targets = a.targets_of_id;
   targets.resize(static_cast<size_t>(run.spec.dataset.size), 0);  // examples the job never showed: unseen
@@ -406,10 +396,31 @@ ObservedRun plan_observed(const ObserveRequest& req, const ObservedJob& job, con
   run.request.world = W;
   run.request.run_dir = req.run_dir;
   for (const auto& arg : req.argv) run.request.command += (run.request.command.empty() ? "" : " ") + arg;
-  write_observed_folder(job, nonce, run, a);
+  out.plan_extras = {{"optimizer", {{"class", job.optimizer_class}, {"updates", a.groups_per_update}}},
+                     {"frozen", job.frozen},
+                     {"job", job.job}};
   const std::string facts = job_facts(job, run, a, model_source, rec);
-  out.notes = facts + (out.notes.empty() ? "" : "; " + out.notes.substr(0, out.notes.size() - 2));
+  obs.notes = facts + (obs.notes.empty() ? "" : "; " + obs.notes.substr(0, obs.notes.size() - 2));
   return out;
+}
+
+void write_observed_folder(const ObservedFolder& folder, bool sharded, const std::string& nonce) {
+  const RunPlan& run = folder.observed.run;
+  const std::string& dir = run.request.run_dir;
+  json plan_json = json::parse(plan_to_json(run.plan, run.spec));
+  plan_json["observed"] = folder.plan_extras;
+  write_file_atomic(dir + "/spec.json", spec_to_json(run.spec));
+  write_file_atomic(dir + "/plan.json", plan_json.dump(1));
+  write_dataset(dir, folder.samples);
+  for (size_t g = 0; g < folder.ranks.size(); ++g)
+    write_rank_record(dir, static_cast<int>(g), static_cast<int>(g), folder.ranks[g], nonce);
+  write_manifest(dir, "observed", static_cast<int>(folder.ranks.size()), folder.manifest, nonce, sharded);
+}
+
+ObservedRun plan_observed(const ObserveRequest& req, const ObservedJob& job, const std::string& nonce) {
+  ObservedFolder folder = observed_folder(req, job, read_records(req.run_dir, job, req.updates, nonce));
+  write_observed_folder(folder, job.sharded, nonce);
+  return std::move(folder.observed);
 }
 
 }  // namespace gradcert

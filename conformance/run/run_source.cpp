@@ -6,6 +6,7 @@
 #include "conformance/core/dataset.hpp"
 #include "conformance/core/files.hpp"
 #include "conformance/launch/store.hpp"
+#include "conformance/protocol/artifacts.hpp"
 #include "conformance/protocol/checkpoint.hpp"
 #include "conformance/protocol/variables.hpp"
 #include "conformance/run/harness.hpp"
@@ -68,7 +69,7 @@ class StackCommand : public RunSource {
 
   void write_inputs(const std::string&) override {
     const RunRequest& req = run_.request;
-    write_file_atomic(req.run_dir + "/dataset.json", external_dataset(run_.spec).dump());
+    write_dataset(req.run_dir, external_samples(run_.spec));
     // NOTE [model factory] The user's model: the reference runner calls the factory once
     // (seeded) and writes initial.safetensors with the model's own names and shapes; the
     // stack and the reference both start from it.
@@ -162,14 +163,10 @@ class ObservedJobSource : public RunSource {
 
 }  // namespace
 
-nlohmann::json external_dataset(const Spec& spec) {
-  nlohmann::json samples = nlohmann::json::array();
-  for (int64_t id = 0; id < spec.dataset.size; ++id) {
-    const Sample s = make_sample(spec, id);
-    samples.push_back({{"id", id}, {"tokens", s.tokens}, {"labels", s.labels}});
-  }
-  return {{"schema", "gradcert.dataset/1"}, {"ignore_index", kIgnoreIndex}, {"pad_token", kPadToken},
-          {"samples", samples}};
+std::vector<Sample> external_samples(const Spec& spec) {
+  std::vector<Sample> samples;
+  for (int64_t id = 0; id < spec.dataset.size; ++id) samples.push_back(make_sample(spec, id));
+  return samples;
 }
 
 std::unique_ptr<RunSource> source_of(const RunPlan& run) {

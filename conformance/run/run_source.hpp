@@ -6,6 +6,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "conformance/core/dataset.hpp"
 #include "conformance/launch/launcher.hpp"
 #include "conformance/run/run_plan.hpp"
 
@@ -32,7 +33,7 @@ class RunSource {
 };
 
 /// dataset.json: the spec's examples for an external stack (backends/PROTOCOL.md).
-nlohmann::json external_dataset(const Spec& spec);
+std::vector<Sample> external_samples(const Spec& spec);
 
 /// The source of a planned run: the built-in ranks, or the stack's command for backend external.
 std::unique_ptr<RunSource> source_of(const RunPlan& run);

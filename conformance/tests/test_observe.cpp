@@ -10,6 +10,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "conformance/run/observe.hpp"
 #include "conformance/tests/support.hpp"
 
 using namespace gradcert;
@@ -64,7 +65,70 @@ int expect_check_agrees(const std::string& out) {
   return c.code;
 }
 
+ObservedExample example(const std::string& key, std::vector<int64_t> tokens, std::vector<int64_t> labels) {
+  return {key, std::move(tokens), std::move(labels)};
+}
+
 }  // namespace
+
+// Records -> the run folder's parts is a pure function (NOTE [observed plan]): examples numbered
+// by first appearance, each rank's consumption, the job's N in the manifest (and no rank N of
+// gradcert's own counting), nothing written; a record naming a file the protocol does not is refused.
+TEST(ConformanceObserve, RecordsMakeTheRunFolderWithoutFiles) {
+  ObserveRequest req;
+  req.argv = {"python", "train.py"};
+  req.updates = 1;
+  req.run_dir = test::fresh_dir("gradcert_observe", "pure") + "/never-written";
+  ObservedJob job;
+  job.world = 2;
+  job.vocab = 16;
+  job.max_len = 8;
+  job.dtype = "float64";
+  job.factory = "model.py:build";
+  job.optimizer_class = "SGD";
+  job.optimizer_kind = "sgd";
+  job.job = nlohmann::json::object();
+  ObservedRecords rec(1, std::vector<ObservedUpdate>(2));
+  for (int g = 0; g < 2; ++g) {
+    rec[0][g].rank = g;
+    rec[0][g].world = 2;
+    rec[0][g].grads = {"u0.grads.safetensors"};
+    rec[0][g].params = {"u0.params.safetensors"};
+    rec[0][g].microsteps.resize(1);
+  }
+  rec[0][0].microsteps[0].examples = {example("a", {1, 2, 3}, {2, 3, -100}), example("b", {4, 5}, {5, -100})};
+  rec[0][0].microsteps[0].num_items_in_batch = 4;
+  rec[0][1].microsteps[0].examples = {example("a", {1, 2, 3}, {2, 3, -100}), example("c", {6, 7}, {-100, -100})};
+  rec[0][0].groups = nlohmann::json::array({{{"params", {"w"}}, {"lr", 0.1}, {"momentum", 0.0}, {"weight_decay", 0.0}}});
+
+  const ObservedFolder f = observed_folder(req, job, rec);
+  const Plan& plan = f.observed.run.plan;
+  EXPECT_EQ(plan.dp, 2);
+  EXPECT_EQ(plan.accum, 1);
+  EXPECT_EQ(plan.micro, 2);
+  ASSERT_EQ(f.samples.size(), 3u);
+  EXPECT_EQ(f.samples[2].tokens, (std::vector<int64_t>{6, 7}));
+  ASSERT_EQ(f.ranks.size(), 2u);
+  EXPECT_EQ(f.ranks[0][0].consumed, (std::vector<std::vector<int64_t>>{{0, 1}}));
+  EXPECT_EQ(f.ranks[1][0].consumed, (std::vector<std::vector<int64_t>>{{0, 2}}));
+  EXPECT_EQ(f.ranks[1][0].valid_targets, -1);
+  EXPECT_EQ(plan.windows.at(0).valid_targets, 2 + 2 + 1 + 0);
+  ASSERT_EQ(f.manifest.size(), 1u);
+  EXPECT_FALSE(f.manifest[0].has_loss);
+  EXPECT_EQ(f.manifest[0].valid_targets, 4);
+  EXPECT_FALSE(std::filesystem::exists(req.run_dir));
+
+  rec[0][0].params = {"weights.safetensors"};
+  try {
+    (void)observed_folder(req, job, rec);
+    ADD_FAILURE() << "a record naming weights.safetensors was accepted";
+  } catch (const ArtifactError& e) {
+    EXPECT_NE(std::string(e.what()).find("observed.rank0.u0.json: field 'params' names weights.safetensors, the "
+                                         "protocol's file is u0.params.safetensors"),
+              std::string::npos)
+        << e.what();
+  }
+}
 
 // The correct job (global token mean over the whole window) passes every check at float64;
 // the report names what was observed.

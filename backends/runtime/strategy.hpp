@@ -16,7 +16,7 @@
 
 namespace gradcert {
 
-class MemoryPhases;  // conformance/alloc_tracker.hpp
+class MemoryPhases;  // backends/runtime/alloc_tracker.hpp
 
 /// Model state as a backend holds it, by name ("param.<p>", "grad.<p>", "master.<p>",
 /// "optim.<p>.m", ...; sharded strategies name shards), for memory.lower_bound and the

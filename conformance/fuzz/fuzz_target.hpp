@@ -1,4 +1,4 @@
-// The libFuzzer entry point every fuzz target defines (conformance/fuzz/README.md).
+// The libFuzzer entry point every fuzz target defines (docs/testing.md, Fuzzing and sanitizers).
 #pragma once
 #include <cstddef>
 #include <cstdint>

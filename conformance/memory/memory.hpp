@@ -19,7 +19,7 @@ namespace gradcert {
 std::vector<Recipe> named_recipes();
 /// A named recipe; throws std::invalid_argument listing the names.
 Recipe recipe_by_name(const std::string& name);
-/// The recipe a gradcert run uses (conformance/model.hpp, backends/strategy_common.cpp):
+/// The recipe a gradcert run uses (conformance/model/model.hpp, backends/runtime/replica.cpp):
 /// weights and grads in the run dtype, an fp32 master for bfloat16, and the optimizer's
 /// slots (AdamW m and v; SGD momentum buffer) in the master's dtype, else the run dtype.
 /// Named "<dtype>-<optimizer>", e.g. "float64-sgd", "float64-sgd-momentum", "bfloat16-adamw".

@@ -14,7 +14,7 @@ namespace {
 
 const std::string kRepo = GRADCERT_SOURCE_DIR;
 
-// `gradcert observe --updates K` on examples/observe/EXAMPLE under torchrun (2 ranks).
+// `gradcert observe --updates K` on examples/observe/<example> under torchrun (2 ranks).
 test::CliResult observe(const std::string& out, int updates, const std::string& example, const std::string& job_args) {
   return test::run_cli("observe --out " + out + " --updates " + std::to_string(updates) + " -- " + kRepo +
                        "/.venv/bin/torchrun --standalone --nproc_per_node 2 " + example + " " + job_args);

@@ -1,4 +1,4 @@
-"""The built-in model: the same tiny causal LM as conformance/model.cpp, with the same
+"""The built-in model: the same tiny causal LM as conformance/model/model.cpp, with the same
 canonical parameter names, and `tiny_lm`, its model factory (`gradcert.tiny_lm:tiny_lm`,
 the name specs, backends/python/stacks/matrix.json and gradcert's C++ side use; see
 gradcert/ref/factory.py). Plain PyTorch.
@@ -72,7 +72,7 @@ class TinyLM(nn.Module):
         return list(self.blocks)
 
 
-#: The spec's model defaults (conformance/spec.cpp), for tiny_lm without a `spec`.
+#: The spec's model defaults (conformance/core/spec.hpp), for tiny_lm without a `spec`.
 TINY_LM_DEFAULTS = {"vocab": 32, "d_model": 16, "heads": 2, "layers": 2, "d_ff": 32, "max_len": 24}
 
 

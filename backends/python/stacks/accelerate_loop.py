@@ -28,9 +28,9 @@ Configurations (--config):
                 microbatch or at the end of the dataloader (sync_with_dataloader), so a
                 partial final window is stepped, still divided by the nominal A.
   token-global  the documented token-level recipe: accelerate docs, usage guide "Gradient
-                accumulation" (docs/source/usage_guides/gradient_accumulation.md), section
+                accumulation" (accelerate/docs/source/usage_guides/gradient_accumulation.md), section
                 "Gradient accumulation on training samples of variable size", skeleton code
-                (also examples/by_feature/gradient_accumulation_for_autoregressive_models.py):
+                (also accelerate/examples/by_feature/gradient_accumulation_for_autoregressive_models.py):
                 pre-load the window's local batches (A, or len(dataloader) % A for the last
                 window of the epoch), num_items_in_batch = accelerator.gather(local count of
                 labels != -100).sum(), per batch `loss = sum CE * gradient_accumulation_steps *

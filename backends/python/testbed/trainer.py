@@ -122,7 +122,7 @@ class _Handle:
 
 class HandOptimizer:
     """Elementwise SGD / AdamW: the reference's own step (gradcert.ref.reference.optimizer_step,
-    as conformance/model.cpp writes it), applied per parameter. Works on
+    as conformance/model/model.cpp writes it), applied per parameter. Works on
     plain tensors and on DTensors (the arithmetic is elementwise, so shards are fine).
     Step pre-hooks as torch.optim.Optimizer has them (for client.GradRecorder)."""
 

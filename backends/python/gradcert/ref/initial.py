@@ -3,7 +3,7 @@
     python -m gradcert.ref.initial --factory F --seed S --dtype D --out FILE
         [--plan plan.json | --vocab V --max-len T] [--scheme gradcert|module]
 
-Scheme `gradcert` (default) is conformance/model.cpp's initial_params, applied to any
+Scheme `gradcert` (default) is conformance/model/model.cpp's initial_params, applied to any
 model: one torch CPU generator seeded with S, the parameters in named_parameters()
 order; a normalisation weight (a name containing "ln" that ends in ".weight", as
 model.cpp says, or the weight of a LayerNorm / RMSNorm / GroupNorm / BatchNorm module)

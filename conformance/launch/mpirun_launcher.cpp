@@ -56,28 +56,78 @@ std::string read_file(const std::string& path) {
   return ss.str();
 }
 
+// mpirun's own argv: one process per rank, each rank's variables passed with -x.
+std::vector<std::string> mpirun_argv(const LaunchRequest& req) {
+  std::vector<std::string> argv = {"mpirun",
+                                   "-np",
+                                   std::to_string(req.world),
+                                   "--allow-run-as-root",
+                                   "--oversubscribe",
+                                   "--bind-to",
+                                   "none",
+                                   "-x",
+                                   "GRADCERT_WORLD=" + std::to_string(req.world)};
+  for (const auto& kv : req.env) {
+    argv.push_back("-x");
+    argv.push_back(kv.first + "=" + kv.second);
+  }
+  for (const auto& a : req.argv) argv.push_back(a);
+  return argv;
+}
+
+// mpirun's environment: the request's variables, root allowed.
+std::vector<std::string> mpirun_env(const LaunchRequest& req) {
+  std::vector<std::pair<std::string, std::string>> overrides;
+  for (const auto& kv : req.env) overrides.emplace_back(kv.first, kv.second);
+  overrides.emplace_back("GRADCERT_WORLD", std::to_string(req.world));
+  overrides.emplace_back("OMPI_ALLOW_RUN_AS_ROOT", "1");
+  overrides.emplace_back("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+  // An inherited GRADCERT_RANK would override the rank mpirun gives each process.
+  return build_env(overrides, {"GRADCERT_RANK"});
+}
+
+// The result once mpirun ended (or was stopped): every rank carries mpirun's outcome (it reports
+// no per-rank status); the failing rank is read from its log.
+LaunchResult mpirun_outcome(const LaunchRequest& req, LaunchResult res, const RankExit& m, double elapsed,
+                            const std::string& log, const Logs& capped) {
+  const int world = req.world;
+  res.ranks.resize(world);
+  for (int r = 0; r < world; ++r) {
+    res.ranks[r] = m;
+    res.ranks[r].rank = r;
+  }
+  if (res.timed_out) {
+    std::vector<int> all;
+    for (int r = 0; r < world; ++r) all.push_back(r);
+    double limit = std::chrono::duration<double>(req.timeout).count();
+    res.message = "timeout after " + fmt_seconds(limit) + "; " + join_ranks(all) +
+                  " still running under mpirun (stopped by the launcher)" + tail_section("mpirun", log, capped);
+    return res;
+  }
+  if (m.exited && m.code == 0) {
+    res.ok = true;
+    res.message = "mpirun: all " + std::to_string(world) + " ranks exited with code 0 after " + fmt_seconds(elapsed);
+    return res;
+  }
+  res.first_failed_rank = failed_rank_in_mpirun_log(read_file(log), world);
+  std::string how =
+      m.exited ? "mpirun exited with code " + std::to_string(m.code)
+               : "mpirun was killed by signal " + std::to_string(m.signal) + " (" + signal_name(m.signal) + ")";
+  how += " after " + fmt_seconds(elapsed);
+  if (res.first_failed_rank >= 0)
+    res.message = "rank " + std::to_string(res.first_failed_rank) + " failed under mpirun (" + how + ")";
+  else
+    res.message = how;
+  res.message += tail_section("mpirun", log, capped);
+  return res;
+}
+
 }  // namespace
 
 LaunchResult launch_mpirun(const LaunchRequest& req) {
   const int world = req.world;
-  std::vector<std::string> argv_s = {"mpirun",      "-np",           std::to_string(world),
-                                     "--allow-run-as-root", "--oversubscribe", "--bind-to",
-                                     "none",        "-x",            "GRADCERT_WORLD=" + std::to_string(world)};
-  for (const auto& kv : req.env) {
-    argv_s.push_back("-x");
-    argv_s.push_back(kv.first + "=" + kv.second);
-  }
-  for (const auto& a : req.argv) argv_s.push_back(a);
-  std::vector<char*> argv_c = c_array(argv_s);
-
-  std::vector<std::pair<std::string, std::string>> overrides;
-  for (const auto& kv : req.env) overrides.emplace_back(kv.first, kv.second);
-  overrides.emplace_back("GRADCERT_WORLD", std::to_string(world));
-  overrides.emplace_back("OMPI_ALLOW_RUN_AS_ROOT", "1");
-  overrides.emplace_back("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
-  // An inherited GRADCERT_RANK would override the rank mpirun gives each process.
-  std::vector<std::string> env_s = build_env(overrides, {"GRADCERT_RANK"});
-  std::vector<char*> env_c = c_array(env_s);
+  std::vector<std::string> argv_s = mpirun_argv(req), env_s = mpirun_env(req);
+  std::vector<char*> argv_c = c_array(argv_s), env_c = c_array(env_s);
 
   const std::string log = req.log_dir + "/mpirun.log";
   Logs capped;
@@ -120,40 +170,7 @@ LaunchResult launch_mpirun(const LaunchRequest& req) {
   if (res.timed_out) g.stop();
   kill_descendants();
   capped.finish();
-
-  // mpirun reports no per-rank status: every rank carries mpirun's outcome.
-  const RankExit& m = g.exits[0];
-  res.ranks.resize(world);
-  for (int r = 0; r < world; ++r) {
-    res.ranks[r] = m;
-    res.ranks[r].rank = r;
-  }
-
-  if (res.timed_out) {
-    std::vector<int> all;
-    for (int r = 0; r < world; ++r) all.push_back(r);
-    double limit = std::chrono::duration<double>(req.timeout).count();
-    res.message = "timeout after " + fmt_seconds(limit) + "; " + join_ranks(all) +
-                  " still running under mpirun (stopped by the launcher)" + tail_section("mpirun", log, capped);
-    return res;
-  }
-  if (m.exited && m.code == 0) {
-    res.ok = true;
-    res.message = "mpirun: all " + std::to_string(world) + " ranks exited with code 0 after " +
-                  fmt_seconds(elapsed);
-    return res;
-  }
-  res.first_failed_rank = failed_rank_in_mpirun_log(read_file(log), world);
-  std::string how = m.exited ? "mpirun exited with code " + std::to_string(m.code)
-                             : "mpirun was killed by signal " + std::to_string(m.signal) + " (" +
-                                   signal_name(m.signal) + ")";
-  how += " after " + fmt_seconds(elapsed);
-  if (res.first_failed_rank >= 0)
-    res.message = "rank " + std::to_string(res.first_failed_rank) + " failed under mpirun (" + how + ")";
-  else
-    res.message = how;
-  res.message += tail_section("mpirun", log, capped);
-  return res;
+  return mpirun_outcome(req, res, g.exits[0], elapsed, log, capped);
 }
 
 }  // namespace gradcert::launch_detail

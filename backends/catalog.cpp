@@ -18,7 +18,7 @@ const StrategyInfo& tp_strategy();
 const StrategyInfo& pp_strategy();
 
 const std::vector<const StrategyInfo*>& strategies() {
-  static const std::vector<const StrategyInfo*> all = {&single_strategy(), &ddp_strategy(),  &zero1_strategy(),
+  static const std::vector<const StrategyInfo*> all = {&single_strategy(), &ddp_strategy(),   &zero1_strategy(),
                                                        &zero2_strategy(),  &zero3_strategy(), &fsdp_strategy(),
                                                        &tp_strategy(),     &pp_strategy()};
   return all;
@@ -60,7 +60,8 @@ NamedTensors Backend::state_tensors() {
 }
 
 NamedTensors Backend::replica_params() {
-  throw std::logic_error("backend " + name() + " does not implement replica_params() and its StrategyInfo declares no "
+  throw std::logic_error("backend " + name() +
+                         " does not implement replica_params() and its StrategyInfo declares no "
                          "no_replica_digests reason (replicas.agree needs one or the other)");
 }
 

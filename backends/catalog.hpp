@@ -24,13 +24,13 @@ struct CertifyTopology {
 /// matrices (conformance/tests) are all instantiated from it, so a new strategy is its file, one
 /// line in backends/catalog.cpp and a row in docs/backends.md.
 struct StrategyInfo {
-  std::string name;              ///< as on the command line and in reports
+  std::string name;                      ///< as on the command line and in reports
   Sharding sharding = Sharding::Single;  ///< how it places model state (the estimator's rule)
-  StrategyTraits traits;         ///< which mutants it can plant (mutants.hpp)
-  std::string reduction, sync;   ///< audit facts: how it reduces gradients, how it skips sync
-  CertifyTopology primary;       ///< certify: every check, both optimizers, float32, every mutant
-  std::vector<CertifyTopology> wider;  ///< certify: further topologies (correct runs only)
-  int mutant_world = 0;          ///< certify: world of the mutant runs (0: the primary's)
+  StrategyTraits traits;                 ///< which mutants it can plant (mutants.hpp)
+  std::string reduction, sync;           ///< audit facts: how it reduces gradients, how it skips sync
+  CertifyTopology primary;               ///< certify: every check, both optimizers, float32, every mutant
+  std::vector<CertifyTopology> wider;    ///< certify: further topologies (correct runs only)
+  int mutant_world = 0;                  ///< certify: world of the mutant runs (0: the primary's)
   /// What it does not report, declared (as c10d's Backend declares what it lacks): why no rank
   /// of it holds a parameter whole to digest for replicas.agree. Empty: it reports them, and
   /// Backend::replica_params must be overridden (the default throws naming the strategy).

@@ -19,11 +19,11 @@ struct Unit {
   std::string name;  ///< "embed", "blocks.<i>", "head"
   std::vector<std::pair<std::string, torch::Tensor>> params;
   std::unique_ptr<FlatShard> shard;
-  torch::Tensor master;     ///< this rank's shard (padded; float32 for bfloat16 runs)
-  torch::Tensor weights;    ///< the shard in the run dtype that is gathered (master itself unless bfloat16)
-  torch::Tensor grad_shard; ///< accumulated over the window's microsteps
+  torch::Tensor master;      ///< this rank's shard (padded; float32 for bfloat16 runs)
+  torch::Tensor weights;     ///< the shard in the run dtype that is gathered (master itself unless bfloat16)
+  torch::Tensor grad_shard;  ///< accumulated over the window's microsteps
   OptimizerSlot slot;
-  torch::Tensor stale;      ///< stale-gathered-params: the first gather, reused forever
+  torch::Tensor stale;  ///< stale-gathered-params: the first gather, reused forever
 };
 
 }  // namespace
@@ -54,9 +54,8 @@ class FsdpBackend : public Backend {
     for (auto& u : units_) {
       // A unit's parameters are contiguous in the flat layout (NOTE [flat layout]); keep
       // them in layout order so a concatenation of their gradients matches the shards.
-      std::sort(u->params.begin(), u->params.end(), [&](const auto& x, const auto& y) {
-        return layout_.at(x.first).offset < layout_.at(y.first).offset;
-      });
+      std::sort(u->params.begin(), u->params.end(),
+                [&](const auto& x, const auto& y) { return layout_.at(x.first).offset < layout_.at(y.first).offset; });
       int64_t begin = layout_.total, end = 0;
       for (auto& [name, t] : u->params) {
         const auto& e = layout_.at(name);
@@ -106,7 +105,8 @@ class FsdpBackend : public Backend {
         gather(ctx, u, update);
         for (auto& [name, t] : u.params) t.mutable_grad() = torch::zeros_like(t);
         if (!b.empty()) {
-          torch::Tensor in = k == 0 ? torch::Tensor() : (k + 1 == units_.size() ? x : inputs[k]).detach().requires_grad_();
+          torch::Tensor in =
+              k == 0 ? torch::Tensor() : (k + 1 == units_.size() ? x : inputs[k]).detach().requires_grad_();
           if (k + 1 == units_.size()) {
             auto S = head_loss_sum(model_, in, b.labels);
             (S * work.scale(ctx, static_cast<int>(a), ctx.plan->dp)).backward();
@@ -124,7 +124,8 @@ class FsdpBackend : public Backend {
 
     reduce_global_loss(ctx, out);
     for (auto& u : units_) {
-      optimizer_step(ctx.spec->optimizer, ctx.step_of(update), u->master, u->grad_shard.to(u->master.scalar_type()), u->slot);
+      optimizer_step(ctx.spec->optimizer, ctx.step_of(update), u->master, u->grad_shard.to(u->master.scalar_type()),
+                     u->slot);
       if (u->weights.data_ptr() != u->master.data_ptr()) u->weights.copy_(u->master);
     }
     ctx.mark("optimizer step");
@@ -169,8 +170,8 @@ class FsdpBackend : public Backend {
     std::vector<StatePiece> out;
     for (auto& u : units_) {
       if (allocate) allocate_slots(ctx.spec->optimizer, u->slot, u->master);
-      for (auto& p : flat_state(layout_, u->shard->begin + u->shard->lo(), u->shard->hi() - u->shard->lo(), u->master,
-                                u->slot))
+      for (auto& p :
+           flat_state(layout_, u->shard->begin + u->shard->lo(), u->shard->hi() - u->shard->lo(), u->master, u->slot))
         out.push_back(std::move(p));
     }
     return out;
@@ -196,7 +197,8 @@ class FsdpBackend : public Backend {
     }
     for (auto& [name, t] : u.params) {
       const auto& e = layout_.at(name);
-      t.set_data(full.slice(0, e.offset - u.shard->begin, e.offset - u.shard->begin + e.numel).reshape(e.shape).clone());
+      t.set_data(
+          full.slice(0, e.offset - u.shard->begin, e.offset - u.shard->begin + e.numel).reshape(e.shape).clone());
     }
   }
 

@@ -25,8 +25,8 @@ class PpBackend : public Backend {
   }
   void validate_model(const ModelSpec& m, const Plan& plan) const override {
     if (m.layers < plan.pp)
-      throw std::invalid_argument("backend pp: model.layers (" + std::to_string(m.layers) +
-                                  ") must be at least PP (" + std::to_string(plan.pp) + ")");
+      throw std::invalid_argument("backend pp: model.layers (" + std::to_string(m.layers) + ") must be at least PP (" +
+                                  std::to_string(plan.pp) + ")");
   }
 
   void setup(RankContext& ctx) override {
@@ -68,7 +68,8 @@ class PpBackend : public Backend {
         x = embed_tokens(model_, b.input);
       } else {
         const std::vector<int64_t> shape = {b.input.size(0), b.input.size(1), ctx.spec->model.d_model};
-        x = recv(ctx, torch::empty(shape, torch::TensorOptions().dtype(dtype).device(compute_device())), prev, tag(update, a, 0));
+        x = recv(ctx, torch::empty(shape, torch::TensorOptions().dtype(dtype).device(compute_device())), prev,
+                 tag(update, a, 0));
         x.requires_grad_();
       }
       inputs[a] = x;

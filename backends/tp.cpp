@@ -83,11 +83,11 @@ struct TpBlockImpl : torch::nn::Module {
   TpBlockImpl(const ModelSpec& m, int tp) : heads_local(m.heads / tp) {
     const int64_t d = m.d_model, dl = d / tp, fl = m.d_ff / tp;
     ln1 = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
-    qkv = register_module("qkv", LocalLinear(3 * dl, d, false));      // column-parallel
-    proj = register_module("proj", LocalLinear(d, dl, true));         // row-parallel, bias replicated
+    qkv = register_module("qkv", LocalLinear(3 * dl, d, false));  // column-parallel
+    proj = register_module("proj", LocalLinear(d, dl, true));     // row-parallel, bias replicated
     ln2 = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
-    fc = register_module("fc", LocalLinear(fl, d, true));             // column-parallel
-    fc_out = register_module("fc_out", LocalLinear(d, fl, true));     // row-parallel, bias replicated
+    fc = register_module("fc", LocalLinear(fl, d, true));          // column-parallel
+    fc_out = register_module("fc_out", LocalLinear(d, fl, true));  // row-parallel, bias replicated
   }
   torch::Tensor forward(torch::Tensor x) {
     namespace F = torch::nn::functional;
@@ -141,8 +141,8 @@ class TpBackend : public Backend {
   }
   void validate_model(const ModelSpec& m, const Plan& plan) const override {
     if (m.heads % plan.tp != 0)
-      throw std::invalid_argument("backend tp: model.heads (" + std::to_string(m.heads) + ") must be divisible by TP (" +
-                                  std::to_string(plan.tp) + ")");
+      throw std::invalid_argument("backend tp: model.heads (" + std::to_string(m.heads) +
+                                  ") must be divisible by TP (" + std::to_string(plan.tp) + ")");
     if (m.d_ff % plan.tp != 0)
       throw std::invalid_argument("backend tp: model.d_ff (" + std::to_string(m.d_ff) + ") must be divisible by TP (" +
                                   std::to_string(plan.tp) + ")");
@@ -220,9 +220,9 @@ class TpBackend : public Backend {
   NamedTensors replica_params() override {
     NamedTensors out;
     for (auto& p : model_->named_parameters())
-      out.emplace_back(tp_sharded(p.key()) ? p.key() + " [tp " + std::to_string(me_.tp) + "/" + std::to_string(tp_) + "]"
-                                           : p.key(),
-                       p.value());
+      out.emplace_back(
+          tp_sharded(p.key()) ? p.key() + " [tp " + std::to_string(me_.tp) + "/" + std::to_string(tp_) + "]" : p.key(),
+          p.value());
     return out;
   }
 

@@ -108,8 +108,10 @@ RankUpdate ZeroState::run_update(RankContext& ctx, int update) {
   optimizer_step(ctx.spec->optimizer, ctx.step_of(update), master_, grad_shard.to(master_.scalar_type()), slot_);
   if (stage_ == 3 && weights_.data_ptr() != master_.data_ptr()) weights_.copy_(master_);
 
-  if (stage_ < 3) gather_params(ctx);
-  else if (!stale) free_params();
+  if (stage_ < 3)
+    gather_params(ctx);
+  else if (!stale)
+    free_params();
   ctx.mark("optimizer step");
 
   // Artifacts (NOTE [shard artifacts]): each DP rank writes its shard of the flat gradient and

@@ -23,7 +23,6 @@ bool texts_agree(const std::string& approved, const std::string& actual, double 
 /// Compares `actual` (masked first) with golden/<name>.golden.txt. On a mismatch or when
 /// no golden exists yet, writes golden/<name>.unapproved.txt, prints the diff and fails
 /// with the command that approves it. On a match, removes a stale unapproved file.
-::testing::AssertionResult matches_golden(const std::string& name, const std::string& actual,
-                                          double relative = 1e-10);
+::testing::AssertionResult matches_golden(const std::string& name, const std::string& actual, double relative = 1e-10);
 
 }  // namespace gradcert::golden

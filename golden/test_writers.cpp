@@ -230,7 +230,8 @@ AuditReport audit_with_differences() {
   a.after = run(kExternalBackend, 2, 1, 1);
   a.after.checks = passing_checks();
   a.after.checks[2] = check("loss.global_mean", Verdict::Fail, 0.0104, 1e-10, "worst update 1 <loss> & \"mean\"");
-  a.after.checks[3] = check("grad.parity", Verdict::Fail, 0.616, 1e-10, "worst update 1 blocks.1.ln1.weight: rel L2 6.16e-01");
+  a.after.checks[3] =
+      check("grad.parity", Verdict::Fail, 0.616, 1e-10, "worst update 1 blocks.1.ln1.weight: rel L2 6.16e-01");
   // A check failure whose detail names a tensor: a side's difference, not the comparison's.
   a.before.checks.push_back(check("params.parity", Verdict::Pass, 9.63e-16, 1e-10, "worst update 1 lm_head.weight"));
   a.after.checks.push_back(check("params.parity", Verdict::Fail, INFINITY, 1e-10,
@@ -245,7 +246,8 @@ AuditReport audit_with_differences() {
   a.before_facts.model_state_bytes = 46336;
   a.before_facts.peak_memory_kind = "tracked tensor peak";
   a.before_facts.target_tokens_per_s = 8123.4;
-  a.after_facts = adapter_facts("torch-fsdp2", "fully_shard per block + root; divide factor D; sync on the last microstep", 0.0354);
+  a.after_facts =
+      adapter_facts("torch-fsdp2", "fully_shard per block + root; divide factor D; sync on the last microstep", 0.0354);
   a.tolerance = 1e-10;
   a.compared = true;
   a.updates = {{0, 12, 12, 102, 102, 3.688387, 3.688387, 0.0662, 0.0696},
@@ -343,12 +345,13 @@ std::string all_audits(Writer write) {
 }  // namespace
 
 TEST(Writers, reportJson) {
-  EXPECT_TRUE(matches_golden("writer_report_json", header("reportJson", "writer_report_json") + report_json(fixed_report())));
+  EXPECT_TRUE(
+      matches_golden("writer_report_json", header("reportJson", "writer_report_json") + report_json(fixed_report())));
 }
 
 TEST(Writers, reportJunit) {
-  EXPECT_TRUE(
-      matches_golden("writer_report_junit", header("reportJunit", "writer_report_junit") + report_junit(fixed_report())));
+  EXPECT_TRUE(matches_golden("writer_report_junit",
+                             header("reportJunit", "writer_report_junit") + report_junit(fixed_report())));
 }
 
 TEST(Writers, reportMarkdown) {
@@ -367,19 +370,21 @@ TEST(Writers, auditJson) {
 }
 
 TEST(Writers, auditJunit) {
-  EXPECT_TRUE(matches_golden("writer_audit_junit", header("auditJunit", "writer_audit_junit") +
-                                                       all_audits([](const AuditReport& a) { return audit_junit(a); })));
+  EXPECT_TRUE(
+      matches_golden("writer_audit_junit", header("auditJunit", "writer_audit_junit") +
+                                               all_audits([](const AuditReport& a) { return audit_junit(a); })));
 }
 
 TEST(Writers, auditMarkdown) {
-  EXPECT_TRUE(matches_golden("writer_audit_markdown",
-                             header("auditMarkdown", "writer_audit_markdown") +
-                                 all_audits([](const AuditReport& a) { return audit_markdown(a); })));
+  EXPECT_TRUE(
+      matches_golden("writer_audit_markdown", header("auditMarkdown", "writer_audit_markdown") +
+                                                  all_audits([](const AuditReport& a) { return audit_markdown(a); })));
 }
 
 TEST(Writers, auditConsole) {
-  EXPECT_TRUE(matches_golden("writer_audit_console", header("auditConsole", "writer_audit_console") +
-                                                         all_audits([](const AuditReport& a) { return audit_table(a); })));
+  EXPECT_TRUE(
+      matches_golden("writer_audit_console", header("auditConsole", "writer_audit_console") +
+                                                 all_audits([](const AuditReport& a) { return audit_table(a); })));
 }
 
 namespace {
@@ -392,7 +397,8 @@ std::string html_header(const std::string& test, const std::string& name) {
 
 // GRADCERT_HTML_OUT=DIR (golden/browser_test.py) also writes each page to DIR/<name>.html.
 void write_page(const std::string& name, const std::string& html) {
-  if (const char* dir = std::getenv("GRADCERT_HTML_OUT")) std::ofstream(std::string(dir) + "/" + name + ".html") << html;
+  if (const char* dir = std::getenv("GRADCERT_HTML_OUT"))
+    std::ofstream(std::string(dir) + "/" + name + ".html") << html;
 }
 
 }  // namespace
@@ -432,14 +438,16 @@ TEST(Writers, auditJunitHasATestcasePerDifference) {
   AuditReport a = audit_with_failed_run();
   a.after.error.clear();
   a.after.checks = passing_checks();
-  a.differences = {"cannot compare the two runs: runs/after/manifest.json: not valid JSON", "a sentence of a newer audit"};
+  a.differences = {"cannot compare the two runs: runs/after/manifest.json: not valid JSON",
+                   "a sentence of a newer audit"};
   std::string x = audit_junit(a);
   EXPECT_NE(x.find("name=\"compare\">\n    <error message=\"cannot compare the two runs: "), std::string::npos) << x;
   EXPECT_NE(x.find("name=\"other\">\n    <failure message=\"a sentence of a newer audit\""), std::string::npos) << x;
   EXPECT_EQ(x.find("name=\"grads\""), std::string::npos) << "nothing was compared: " << x;
   // Two differences of one category and update keep distinct names.
   a = audit_preserved();
-  a.differences = {"update 0: tensor 'a' is missing on the after side", "update 0: tensor 'b' is missing on the before side"};
+  a.differences = {"update 0: tensor 'a' is missing on the after side",
+                   "update 0: tensor 'b' is missing on the before side"};
   x = audit_junit(a);
   EXPECT_NE(x.find("name=\"tensors.update_0\">"), std::string::npos) << x;
   EXPECT_NE(x.find("name=\"tensors.update_0 #2\">"), std::string::npos) << x;

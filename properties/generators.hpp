@@ -51,8 +51,7 @@ template <>
 struct Arbitrary<gradcert::TopologySpec> {
   static Gen<gradcert::TopologySpec> arbitrary() {
     using T = gradcert::TopologySpec;
-    return gen::build<T>(gen::set(&T::dp, gen::inRange(1, 9).as("D")),
-                         gen::set(&T::tp, gen::element(1, 2, 4).as("TP")),
+    return gen::build<T>(gen::set(&T::dp, gen::inRange(1, 9).as("D")), gen::set(&T::tp, gen::element(1, 2, 4).as("TP")),
                          gen::set(&T::pp, gen::element(1, 2, 3).as("PP")));
   }
 };
@@ -80,8 +79,7 @@ struct Arbitrary<gradcert::DatasetSpec> {
         });
     return gen::map(
         gen::tuple(lengths.as("length mins / maxes"), gen::element(0.0, 0.2, 0.5).as("short_share"),
-                   gen::element(0.0, 0.15, 0.4).as("long_share"),
-                   gen::element(0.0, 0.3, 0.6, 0.9).as("prompt_share"),
+                   gen::element(0.0, 0.15, 0.4).as("long_share"), gen::element(0.0, 0.3, 0.6, 0.9).as("prompt_share"),
                    gen::element(0.0, 0.1, 0.5, 1.0).as("all_prompt_share"), gen::arbitrary<bool>().as("shuffle")),
         [](const auto& t) {
           DatasetSpec d;
@@ -123,9 +121,8 @@ template <>
 struct Arbitrary<gradcert::props::LossGrid> {
   static Gen<gradcert::props::LossGrid> arbitrary() {
     const auto cell = gen::mapcat(gen::inRange<int64_t>(0, 6).as("n"), [](int64_t n) {
-      return gen::map(gen::inRange(1, 51), [n](int tenths) {
-        return std::pair<double, int64_t>(n == 0 ? 0.0 : n * tenths / 10.0, n);
-      });
+      return gen::map(gen::inRange(1, 51),
+                      [n](int tenths) { return std::pair<double, int64_t>(n == 0 ? 0.0 : n * tenths / 10.0, n); });
     });
     return gen::mapcat(gen::tuple(gen::inRange(1, 9).as("ranks"), gen::inRange(1, 5).as("microsteps")),
                        [cell](std::tuple<int, int> shape) {

@@ -39,8 +39,8 @@ RC_GTEST_PROP(UpdateBatch, fullWindowsHoldMicroTimesAccumTimesDpAndEpochsConsume
   const int size = *rc::gen::inRange(1, static_cast<int>(3 * update_batch + 2)).as("dataset size");
   const int epochs = *rc::gen::inRange(1, 4).as("epochs (the last may be unfinished)");
   const int windows_per_epoch = static_cast<int>((size + update_batch - 1) / update_batch);
-  const int updates = *rc::gen::inRange((epochs - 1) * windows_per_epoch + 1, epochs * windows_per_epoch + 1)
-                           .as("updates");
+  const int updates =
+      *rc::gen::inRange((epochs - 1) * windows_per_epoch + 1, epochs * windows_per_epoch + 1).as("updates");
   const Spec spec = batching_spec(topo, batch, size, updates, *rc::gen::inRange<uint64_t>(0, 1000).as("seed"));
   const Plan plan = make_plan(spec);
 
@@ -110,7 +110,8 @@ RC_GTEST_PROP(WindowCount, everyWindowsNIsARecountOfItsOwnRawLabels, (const Batc
 
   auto raw_count = [&](int64_t id) {
     const Sample s = make_sample(spec, id);
-    return static_cast<int64_t>(std::count_if(s.labels.begin(), s.labels.end(), [](int64_t l) { return l != kIgnoreIndex; }));
+    return static_cast<int64_t>(
+        std::count_if(s.labels.begin(), s.labels.end(), [](int64_t l) { return l != kIgnoreIndex; }));
   };
   int64_t last_full_N = -1;
   bool partial_differs = false, all_prompt_micro = false;

@@ -107,11 +107,12 @@ RC_GTEST_PROP(GradientIdentity, dTimesSOverNPerRankAndMicrostepReproducesTheRefe
 }
 
 // Each wrong formula must be caught by the same property, with a shrunk counterexample.
-#define GRADCERT_PLANTED(TestName, inject)                                                                   \
-  TEST(GradientIdentity, TestName) {                                                                         \
-    const Falsification f = falsify("GradientIdentity/" #TestName, [] { gradient_identity(*gradient_spec(), inject); }); \
-    EXPECT_TRUE(f.falsified) << f.message;                                                                   \
-    EXPECT_NE(f.message.find("> 1e-10"), std::string::npos) << "caught by something else:\n" << f.message;  \
+#define GRADCERT_PLANTED(TestName, inject)                                                                             \
+  TEST(GradientIdentity, TestName) {                                                                                   \
+    const Falsification f =                                                                                            \
+        falsify("GradientIdentity/" #TestName, [] { gradient_identity(*gradient_spec(), inject); });                   \
+    EXPECT_TRUE(f.falsified) << f.message;                                                                             \
+    EXPECT_NE(f.message.find("> 1e-10"), std::string::npos) << "caught by something else:\n" << f.message;             \
   }
 GRADCERT_PLANTED(catchesLocalMean, "local-mean")
 GRADCERT_PLANTED(catchesPerMicrostepMeanThenDivideByA, "micro-mean")

@@ -15,8 +15,8 @@ using namespace gradcert::props;
 namespace {
 
 struct GridTotals {
-  std::vector<double> rank_S;       ///< S_r = sum_a S_{r,a}
-  std::vector<int64_t> rank_n;      ///< n_r
+  std::vector<double> rank_S;   ///< S_r = sum_a S_{r,a}
+  std::vector<int64_t> rank_n;  ///< n_r
   int64_t N = 0;
 };
 

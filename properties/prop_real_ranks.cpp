@@ -114,7 +114,8 @@ void ddp_matches_reference(GlooGroup& group, const std::string& inject) {
   const double tol = spec.parity_tolerance();
   for (const CheckResult& c : {check_window_count(ref, run), check_global_mean_loss(ref, run, tol),
                                check_grad_parity(ref, run, tol), check_params_parity(ref, run, tol)})
-    if (c.verdict != Verdict::Pass) RC_FAIL(c.id + ": " + show_number(c.figure) + " > " + show_number(c.tolerance) + " (" + c.detail + ")");
+    if (c.verdict != Verdict::Pass)
+      RC_FAIL(c.id + ": " + show_number(c.figure) + " > " + show_number(c.tolerance) + " (" + c.detail + ")");
   bool partial = false, empty_rank = false;
   for (const auto& w : plan.windows) {
     partial |= w.partial;
@@ -141,8 +142,8 @@ TEST(RealRanks, ddpOverGlooWorld3MatchesTheReference) {
 
 TEST(RealRanks, ddpOverGlooCatchesPlantedLocalMean) {
   GlooGroup group(2);
-  const Falsification f = falsify("RealRanks/ddpOverGlooCatchesPlantedLocalMean",
-                                  [&] { ddp_matches_reference(group, "local-mean"); });
+  const Falsification f =
+      falsify("RealRanks/ddpOverGlooCatchesPlantedLocalMean", [&] { ddp_matches_reference(group, "local-mean"); });
   EXPECT_TRUE(f.falsified) << f.message;
   // Caught by a check, not by ranks that crashed or timed out.
   EXPECT_EQ(f.message.find("ranks failed"), std::string::npos) << f.message;

@@ -113,7 +113,10 @@ std::string scratch() {
   namespace fs = std::filesystem;
   static const fs::path dir = [] {
     const fs::path d = fs::temp_directory_path() / ("gradcert_prop_shards_" + std::to_string(::getpid()));
-    std::atexit([] { std::error_code ec; fs::remove_all(fs::temp_directory_path() / ("gradcert_prop_shards_" + std::to_string(::getpid())), ec); });
+    std::atexit([] {
+      std::error_code ec;
+      fs::remove_all(fs::temp_directory_path() / ("gradcert_prop_shards_" + std::to_string(::getpid())), ec);
+    });
     return d;
   }();
   fs::remove_all(dir);

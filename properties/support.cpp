@@ -33,8 +33,8 @@ class SeedEnvironment : public ::testing::Environment {
     torch::set_num_threads(1);
     const auto& config = rc::detail::configuration();
     std::cout << "gradcert properties: rapidcheck seed=" << config.testParams.seed
-              << " max_success=" << config.testParams.maxSuccess << " (rerun with RC_PARAMS=\"seed="
-              << config.testParams.seed << "\")" << std::endl;
+              << " max_success=" << config.testParams.maxSuccess
+              << " (rerun with RC_PARAMS=\"seed=" << config.testParams.seed << "\")" << std::endl;
     ::testing::Test::RecordProperty("rapidcheck_seed", std::to_string(config.testParams.seed));
     ::testing::Test::RecordProperty("rapidcheck_max_success", config.testParams.maxSuccess);
   }
@@ -45,24 +45,24 @@ const auto* const seed_environment = ::testing::AddGlobalTestEnvironment(new See
 }  // namespace
 
 rc::Gen<Spec> tiny_spec(int max_dp) {
-  return rc::gen::map(
-      rc::gen::tuple(rc::gen::inRange(1, max_dp + 1).as("D"), rc::gen::arbitrary<EpochShape>(),
-                     rc::gen::arbitrary<DatasetSpec>(), rc::gen::inRange(1, 3).as("layers"),
-                     rc::gen::inRange<int>(0, 1 << 20).as("data seed")),
-      [](const std::tuple<int, EpochShape, DatasetSpec, int, int>& t) {
-        const auto& [dp, epoch, dataset, layers, seed] = t;
-        Spec s;
-        s.seed = static_cast<uint64_t>(seed);
-        s.model = tiny_model(layers);
-        s.dataset = dataset;
-        s.batch = epoch.batch;
-        s.topology.dp = dp;
-        const int update_batch = epoch.batch.micro * epoch.batch.accum * dp;
-        s.dataset.size = std::max(1, epoch.full_windows * update_batch + epoch.remainder % update_batch);
-        s.updates = 0;
-        s.dtype = DType::Float64;
-        return s;
-      });
+  return rc::gen::map(rc::gen::tuple(rc::gen::inRange(1, max_dp + 1).as("D"), rc::gen::arbitrary<EpochShape>(),
+                                     rc::gen::arbitrary<DatasetSpec>(), rc::gen::inRange(1, 3).as("layers"),
+                                     rc::gen::inRange<int>(0, 1 << 20).as("data seed")),
+                      [](const std::tuple<int, EpochShape, DatasetSpec, int, int>& t) {
+                        const auto& [dp, epoch, dataset, layers, seed] = t;
+                        Spec s;
+                        s.seed = static_cast<uint64_t>(seed);
+                        s.model = tiny_model(layers);
+                        s.dataset = dataset;
+                        s.batch = epoch.batch;
+                        s.topology.dp = dp;
+                        const int update_batch = epoch.batch.micro * epoch.batch.accum * dp;
+                        s.dataset.size =
+                            std::max(1, epoch.full_windows * update_batch + epoch.remainder % update_batch);
+                        s.updates = 0;
+                        s.dtype = DType::Float64;
+                        return s;
+                      });
 }
 
 }  // namespace gradcert::props
@@ -74,10 +74,10 @@ void showValue(const TopologySpec& t, std::ostream& os) {
 }
 void showValue(const BatchSpec& b, std::ostream& os) { os << "B_micro=" << b.micro << " A=" << b.accum; }
 void showValue(const DatasetSpec& d, std::ostream& os) {
-  os << "size=" << d.size << " lengths short[" << d.short_min << "," << d.short_max << "] typical["
-     << d.typical_min << "," << d.typical_max << "] long[" << d.long_min << "," << d.long_max
-     << "] shares short=" << d.short_share << " long=" << d.long_share << " prompt=" << d.prompt_share
-     << " all_prompt=" << d.all_prompt_share << (d.shuffle ? " shuffled" : "");
+  os << "size=" << d.size << " lengths short[" << d.short_min << "," << d.short_max << "] typical[" << d.typical_min
+     << "," << d.typical_max << "] long[" << d.long_min << "," << d.long_max << "] shares short=" << d.short_share
+     << " long=" << d.long_share << " prompt=" << d.prompt_share << " all_prompt=" << d.all_prompt_share
+     << (d.shuffle ? " shuffled" : "");
 }
 void showValue(const Spec& s, std::ostream& os) {
   os << "spec{seed=" << s.seed << " ";

@@ -42,8 +42,8 @@ Falsification falsify(const std::string& id, Testable&& property) {
   metadata.description = id;
   const auto& config = rc::detail::configuration();
   rc::detail::TestListenerAdapter quiet;
-  const auto result = rc::detail::checkTestable(std::forward<Testable>(property), metadata, config.testParams,
-                                                quiet, config.reproduce);
+  const auto result =
+      rc::detail::checkTestable(std::forward<Testable>(property), metadata, config.testParams, quiet, config.reproduce);
   Falsification f;
   f.falsified = result.template is<rc::detail::FailureResult>();
   std::ostringstream os;

@@ -100,8 +100,8 @@ std::string report_table(const Report& r) {
     }
     for (const auto& c : run.checks) {
       std::snprintf(line, sizeof line, row, backend_cell(run).c_str(), run.topology.dp, run.topology.tp,
-                    run.topology.pp, run.dtype.c_str(), run.optimizer.c_str(), c.id.c_str(), figure_text(c.figure).c_str(),
-                    tolerance_text(c).c_str(), verdict_name(c.verdict).c_str());
+                    run.topology.pp, run.dtype.c_str(), run.optimizer.c_str(), c.id.c_str(),
+                    figure_text(c.figure).c_str(), tolerance_text(c).c_str(), verdict_name(c.verdict).c_str());
       o << line;
       if (c.verdict == Verdict::Fail) {
         ++wrong;
@@ -160,8 +160,8 @@ std::string audit_table(const AuditReport& r) {
       char line[256];
       std::snprintf(line, sizeof line, " %-7d %9lld / %-9lld %7lld / %-7lld %13.6e %12.6e   %s / %s\n", u.update,
                     static_cast<long long>(u.batch_before), static_cast<long long>(u.batch_after),
-                    static_cast<long long>(u.n_before), static_cast<long long>(u.n_after), u.loss_before,
-                    u.loss_after, seconds(u.step_before).c_str(), seconds(u.step_after).c_str());
+                    static_cast<long long>(u.n_before), static_cast<long long>(u.n_after), u.loss_before, u.loss_after,
+                    seconds(u.step_before).c_str(), seconds(u.step_after).c_str());
       o << line;
     }
     o << "#tensor (after vs before, worst update)  grad rel L2  grad max abs  param rel L2  param max abs\n";

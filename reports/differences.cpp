@@ -57,10 +57,10 @@ bool update_difference(const AuditReport& r, AuditDifference& d) {
   if (!known) return false;
   const std::string rest = d.text.substr(end + 2);
   d.update = u;
-  d.kind = starts_with(rest, "B_update differs")  ? DifferenceKind::UpdateSize
-           : starts_with(rest, "N differs")       ? DifferenceKind::WindowCount
-           : starts_with(rest, "loss differs")    ? DifferenceKind::Loss
-                                                  : DifferenceKind::Tensors;
+  d.kind = starts_with(rest, "B_update differs") ? DifferenceKind::UpdateSize
+           : starts_with(rest, "N differs")      ? DifferenceKind::WindowCount
+           : starts_with(rest, "loss differs")   ? DifferenceKind::Loss
+                                                 : DifferenceKind::Tensors;
   return true;
 }
 

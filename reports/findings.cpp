@@ -66,8 +66,8 @@ void judge(Finding& f, const json& report) {
     f.reason = first_line(run["error"].get<std::string>());
   }
   for (const auto& c : run.value("checks", json::array()))
-    f.checks.push_back({c.value("id", ""), c.value("verdict", ""), c.value("detail", ""), number(c.value("figure", json(0))),
-                        number(c.value("tolerance", json(0)))});
+    f.checks.push_back({c.value("id", ""), c.value("verdict", ""), c.value("detail", ""),
+                        number(c.value("figure", json(0))), number(c.value("tolerance", json(0)))});
   const std::string run_dir = run.value("run_dir", std::string());
   std::vector<int> partial;
   if (!run_dir.empty() && fs::exists(run_dir + "/plan.json")) {
@@ -81,15 +81,19 @@ void judge(Finding& f, const json& report) {
     f.notes = manifest.value("notes", json("")).is_string() ? manifest.value("notes", std::string()) : "";
     // What really ran (the shim's versions.stack_version, e.g. "transformers 4.45.2").
     const json v = manifest.value("versions", json::object());
-    if (v.contains("stack_version") && v["stack_version"].is_string()) f.version = v["stack_version"].get<std::string>();
+    if (v.contains("stack_version") && v["stack_version"].is_string())
+      f.version = v["stack_version"].get<std::string>();
   }
   if (run.contains("diagnosis")) {
     const json& d = run["diagnosis"];
     // Matched within the tolerance, or separated (NOTE [separated diagnosis]): then the figure says how close.
     const std::string best_id = d.contains("best") ? d["best"].value("id", "") : "";
-    if (d.value("matched", false)) f.diagnosis = best_id;
-    else if (d.value("separated", false)) f.diagnosis = best_id + " (~" + figure_text(number(d["best"].value("figure", json(0)))) + ")";
-    else f.diagnosis = "unexplained";
+    if (d.value("matched", false))
+      f.diagnosis = best_id;
+    else if (d.value("separated", false))
+      f.diagnosis = best_id + " (~" + figure_text(number(d["best"].value("figure", json(0)))) + ")";
+    else
+      f.diagnosis = "unexplained";
     f.diagnosis_note = d.value("note", "");
     for (const auto& u : d.value("per_update", json::array()))
       f.per_update.push_back({u.value("update", -1), u.value("best", "")});
@@ -115,8 +119,9 @@ void judge(Finding& f, const json& report) {
   }
   // The N count: unshifted when the objective counted one extra target per row.
   const std::string best = f.diagnosis;
-  f.n_count = best.find("unshifted") != std::string::npos ? "unshifted" : best.empty() || best == "unexplained" ? "unknown"
-                                                                                                               : "shifted";
+  f.n_count = best.find("unshifted") != std::string::npos ? "unshifted"
+              : best.empty() || best == "unexplained"     ? "unknown"
+                                                          : "shifted";
   // The partial final window.
   for (int p : partial) {
     std::string here;
@@ -209,17 +214,33 @@ std::string findings_json(const std::vector<Finding>& all) {
   for (const auto& f : all) {
     json checks = json::array();
     for (const auto& c : f.checks)
-      checks.push_back({{"id", c.id}, {"verdict", c.verdict}, {"figure", json_number(c.figure)},
-                        {"tolerance", json_number(c.tolerance)}, {"detail", c.detail}});
+      checks.push_back({{"id", c.id},
+                        {"verdict", c.verdict},
+                        {"figure", json_number(c.figure)},
+                        {"tolerance", json_number(c.tolerance)},
+                        {"detail", c.detail}});
     json per = json::array();
     for (const auto& [u, b] : f.per_update) per.push_back({{"update", u}, {"best", b}});
-    entries.push_back({{"id", f.id}, {"stack", f.stack}, {"version", f.version}, {"config", f.config},
-                       {"env", f.env}, {"dtype", f.dtype}, {"world", f.world}, {"tp", f.tp}, {"pp", f.pp},
-                       {"verdict", f.verdict}, {"reason", f.reason.empty() ? json(nullptr) : json(f.reason)},
+    entries.push_back({{"id", f.id},
+                       {"stack", f.stack},
+                       {"version", f.version},
+                       {"config", f.config},
+                       {"env", f.env},
+                       {"dtype", f.dtype},
+                       {"world", f.world},
+                       {"tp", f.tp},
+                       {"pp", f.pp},
+                       {"verdict", f.verdict},
+                       {"reason", f.reason.empty() ? json(nullptr) : json(f.reason)},
                        {"diagnosis", f.diagnosis.empty() ? json(nullptr) : json(f.diagnosis)},
-                       {"diagnosis_note", f.diagnosis_note}, {"per_update", per},
-                       {"partial_window", f.partial_window}, {"n_count", f.n_count}, {"notes", f.notes},
-                       {"checks", checks}, {"seconds", f.seconds}, {"exit", f.exit_code}});
+                       {"diagnosis_note", f.diagnosis_note},
+                       {"per_update", per},
+                       {"partial_window", f.partial_window},
+                       {"n_count", f.n_count},
+                       {"notes", f.notes},
+                       {"checks", checks},
+                       {"seconds", f.seconds},
+                       {"exit", f.exit_code}});
   }
   return json{{"schema", "gradcert.findings/1"}, {"entries", entries}}.dump(1) + "\n";
 }
@@ -228,7 +249,8 @@ std::string findings_console(const std::vector<Finding>& all) {
   std::ostringstream o;
   char line[512];
   std::snprintf(line, sizeof line, "#%-22s %-20s %-13s %-7s %-22s %-11s %-10s %-10s %-10s %s\n", "stack/config",
-                "version", "world", "verdict", "diagnosis", "ledger", "N", "grad.parity", "grad.scale", "partial window");
+                "version", "world", "verdict", "diagnosis", "ledger", "N", "grad.parity", "grad.scale",
+                "partial window");
   o << "# gradcert certify-stacks: what each real stack computed (float64 reference; --sampler-audit)\n" << line;
   for (const auto& f : all) {
     const std::string topo = std::to_string(f.world) + (f.tp > 1 ? " tp" + std::to_string(f.tp) : "") +
@@ -236,8 +258,7 @@ std::string findings_console(const std::vector<Finding>& all) {
     std::snprintf(line, sizeof line, " %-22s %-20s %-13s %-7s %-22s %-11s %-10s %-10s %-10s %s\n", f.id.c_str(),
                   f.version.c_str(), topo.c_str(), f.verdict.c_str(), f.diagnosis.empty() ? "-" : f.diagnosis.c_str(),
                   figure_cell(f, "batch.sample_ledger").c_str(), figure_cell(f, "targets.window_count").c_str(),
-                  figure_cell(f, "grad.parity").c_str(), figure_cell(f, "grad.scale").c_str(),
-                  f.partial_kind.c_str());
+                  figure_cell(f, "grad.parity").c_str(), figure_cell(f, "grad.scale").c_str(), f.partial_kind.c_str());
     o << line;
     if (!f.reason.empty()) o << "   " << f.verdict << ": " << f.reason << "\n";
   }
@@ -257,7 +278,8 @@ std::string findings_markdown(const std::vector<Finding>& all) {
   for (size_t i = 0; i < sizeof kFigureChecks / sizeof *kFigureChecks; ++i) o << "---|";
   o << "\n";
   for (const auto& f : all) {
-    o << "| " << f.id << " | " << f.version << " | " << f.world << (f.tp > 1 ? " (tp " + std::to_string(f.tp) + ")" : "")
+    o << "| " << f.id << " | " << f.version << " | " << f.world
+      << (f.tp > 1 ? " (tp " + std::to_string(f.tp) + ")" : "")
       << (f.pp > 1 ? " (pp " + std::to_string(f.pp) + ")" : "") << " " << f.dtype << " | **" << f.verdict << "** | "
       << (f.diagnosis.empty() ? "-" : f.diagnosis) << " | " << f.partial_window << " | " << f.n_count << " |";
     for (const char* c : kFigureChecks) o << " " << figure_cell(f, c) << " |";
@@ -287,8 +309,7 @@ std::string findings_golden(const std::vector<Finding>& all) {
     // last digits may move with a library's kernels; that the objective is separated is.
     std::string diag = f.diagnosis.empty() ? "-" : f.diagnosis;
     if (auto at = diag.find(" (~"); at != std::string::npos) diag = diag.substr(0, at) + " (separated)";
-    o << " | diagnosis " << diag << " | partial " << f.partial_kind << " | N "
-      << f.n_count << " |";
+    o << " | diagnosis " << diag << " | partial " << f.partial_kind << " | N " << f.n_count << " |";
     for (const auto& c : f.checks) o << " " << c.id << "=" << c.verdict;
     o << "\n";
   }

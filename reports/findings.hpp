@@ -12,7 +12,7 @@ struct FindingCheck {
 };
 
 struct Finding {
-  std::string id;       ///< matrix id, e.g. "hf-4.45/default"
+  std::string id;  ///< matrix id, e.g. "hf-4.45/default"
   std::string stack, version, config, env, dtype;
   int world = 0, tp = 1, pp = 1;
   std::string verdict;  ///< pass | fail | error | skip
@@ -22,7 +22,7 @@ struct Finding {
   /// The objective the stack computed: the diagnosis' best candidate ("global-mean", ...),
   /// "unexplained" when none matched within the run's tolerance, "" when none ran.
   std::string diagnosis;
-  std::string diagnosis_note;  ///< gradcert's one line, figures and per-update detail included
+  std::string diagnosis_note;                           ///< gradcert's one line, figures and per-update detail included
   std::vector<std::pair<int, std::string>> per_update;  ///< update -> best candidate there
   std::string partial_window;  ///< correct | dropped | divided by the nominal A | ... (+ the examples it used)
   std::string partial_kind;    ///< the category alone (goldens compare it)

@@ -41,9 +41,9 @@ std::string run_id(size_t i) { return "run-" + std::to_string(i); }
 
 std::string check_rows(const RunReport& r, size_t index, const std::string& launcher) {
   std::ostringstream o;
-  o << "<tr class=\"run\" id=\"" << run_id(index) << "\"><td colspan=\"6\">" << run_badge(r) << " "
-    << esc(run_label(r)) << " <span class=\"muted\">· " << r.updates << " updates · B_update " << r.update_batch
-    << " · " << esc(seconds(r.wall_seconds)) << " s</span> <a href=\"#tensors-" << run_id(index)
+  o << "<tr class=\"run\" id=\"" << run_id(index) << "\"><td colspan=\"6\">" << run_badge(r) << " " << esc(run_label(r))
+    << " <span class=\"muted\">· " << r.updates << " updates · B_update " << r.update_batch << " · "
+    << esc(seconds(r.wall_seconds)) << " s</span> <a href=\"#tensors-" << run_id(index)
     << "\">per tensor</a><br><code class=\"muted\">" << esc(run_command(r, launcher)) << "</code></td></tr>\n";
   if (!r.error.empty()) {
     o << "<tr><td>run</td><td class=\"num\">-</td><td></td><td>-</td><td>" << badge("error", "error")
@@ -76,7 +76,8 @@ std::string checks_section(const Report& r) {
   std::ostringstream o;
   o << "<p class=\"note\">Each check reports its worst figure (over updates, ranks and tensors; parity against the "
        "float64 reference) and the tolerance it is held to; the bar is the figure on a log scale ending 2 decades "
-       "above the tolerance (the line), so a bar past the line fails. Exact checks (tolerance 0) must read 0. A planted bug's failed check reads "
+       "above the tolerance (the line), so a bar past the line fails. Exact checks (tolerance 0) must read 0. A "
+       "planted bug's failed check reads "
        "<b>caught</b>.</p>\n";
   if (correct > 0 || mutants == 0) o << checks_table(r, false);
   if (mutants > 0 && correct == 0) o << checks_table(r, true);
@@ -84,7 +85,8 @@ std::string checks_section(const Report& r) {
     bool missed = false;
     for (const auto& run : r.runs) missed = missed || (!run.inject.empty() && !as_expected(run));
     o << "<details" << (missed ? " open" : "") << "><summary>the checks of the " << mutants
-      << " planted-bug runs</summary>\n" << checks_table(r, true) << "</details>\n";
+      << " planted-bug runs</summary>\n"
+      << checks_table(r, true) << "</details>\n";
   }
   return o.str();
 }
@@ -234,13 +236,12 @@ std::string memory_section(const Report& r) {
     const double group_width = std::max(7.0 * static_cast<double>(phases.size()) + 14, 46.0);
     const bool wide = 82 + static_cast<double>(groups.size()) * group_width > 560;
     o << "<div class=\"memrun" << (wide ? " wide" : "") << "\"><h3>" << esc(m.backend)
-      << " <span class=\"muted\">· world " << m.world
-      << "</span></h3>\n<p class=\"note\">";
+      << " <span class=\"muted\">· world " << m.world << "</span></h3>\n<p class=\"note\">";
     if (m.has_estimate)
       o << "model state: estimate " << esc(cell_bytes(m.estimate.model_state())) << " ("
-        << esc(m.estimate.input.recipe.name) << ", " << esc(sharding_name(m.estimate.input.strategy))
-        << "), measured " << esc(cell_bytes(m.measured_model_state_bytes)) << "; lower bound "
-        << esc(cell_bytes(m.estimate.total())) << "; ";
+        << esc(m.estimate.input.recipe.name) << ", " << esc(sharding_name(m.estimate.input.strategy)) << "), measured "
+        << esc(cell_bytes(m.measured_model_state_bytes)) << "; lower bound " << esc(cell_bytes(m.estimate.total()))
+        << "; ";
     o << "budget " << (m.budget_bytes > 0 ? esc(human_bytes(m.budget_bytes)) : "none");
     if (w)
       o << "; worst peak " << esc(cell_bytes(w->peak_bytes)) << " (rank " << w->rank << ", " << esc(w->bucket)
@@ -254,8 +255,9 @@ std::string memory_section(const Report& r) {
     if (m.has_estimate) o << "<span><i class=\"sw dash bound\"></i>lower bound</span>";
     if (m.budget_bytes > 0) o << "<span><i class=\"sw dash\"></i>budget</span>";
     o << "</div>\n<div class=\"chartbox\">"
-      << svg::grouped_bars("memory", "measured peak per rank, length bucket and phase of " + m.backend +
-                                         ", against the lower bound and the budget",
+      << svg::grouped_bars("memory",
+                           "measured peak per rank, length bucket and phase of " + m.backend +
+                               ", against the lower bound and the budget",
                            groups, lines, bytes_label, byte_unit(groups, lines))
       << "</div></div>\n";
   }
@@ -282,8 +284,7 @@ std::string throughput_section(const Report& r) {
        "<code>single</code> with the same spec, dtype and optimizer (the dashed line: 1 = single); \"-\": no "
        "baseline. CPU ranks over Gloo on loopback: communication dominates, so speedups below 1 are expected "
        "there.</p>\n<div class=\"chartbox\">"
-    << svg::bar_panels("throughput", "throughput and scaling against single, across runs", panels, rows)
-    << "</div>\n";
+    << svg::bar_panels("throughput", "throughput and scaling against single, across runs", panels, rows) << "</div>\n";
   o << "<table>\n<thead><tr><th>run</th><th>ranks</th><th>input tok/s</th><th>target tok/s</th><th>step "
        "(median)</th><th>saving pause</th><th>peak</th><th>speedup</th><th>efficiency</th><th>GPU-hours "
        "ratio</th></tr></thead>\n<tbody>\n";
@@ -360,18 +361,20 @@ std::string report_html(const Report& r) {
            "its row of the check table)";
   }
   std::vector<std::string> facts = {"runs <b>" + std::to_string(r.runs.size()) + "</b>"};
-  if (mutants > 0) facts.push_back("planted bugs caught <b>" + std::to_string(mutants - missed) + " / " +
-                                   std::to_string(mutants) + "</b>");
+  if (mutants > 0)
+    facts.push_back("planted bugs caught <b>" + std::to_string(mutants - missed) + " / " + std::to_string(mutants) +
+                    "</b>");
   for (auto& f : environment_facts(r.environment)) facts.push_back(f);
-  const std::string title = single ? "gradcert run: " + run_label(r.runs[0])
-                                   : "gradcert certify: " + std::to_string(r.runs.size()) + " runs";
+  const std::string title =
+      single ? "gradcert run: " + run_label(r.runs[0]) : "gradcert certify: " + std::to_string(r.runs.size()) + " runs";
   std::ostringstream body;
   // Beside the verdict: what each failing (or observed) run computed instead, and what a pass cannot see.
   std::vector<std::string> findings;
   for (const auto& run : r.runs)
     if ((single || (!run.passed() && run.inject.empty())) && findings.size() < 8)
-      for (const auto& s : {diagnosis_headline(run).empty() ? std::string() : run_label(run) + ": " + diagnosis_headline(run),
-                            diagnosis_text(run), single ? sensitivity_text(run) : std::string()})
+      for (const auto& s :
+           {diagnosis_headline(run).empty() ? std::string() : run_label(run) + ": " + diagnosis_headline(run),
+            diagnosis_text(run), single ? sensitivity_text(run) : std::string()})
         if (!s.empty()) findings.push_back(s);
   body << banner(cls, title, sentence, facts, commands, note, findings)
        << "<nav><a href=\"#checks\">checks</a><a href=\"#tensors\">per tensor</a><a href=\"#mutants\">planted "
@@ -380,8 +383,7 @@ std::string report_html(const Report& r) {
        << section("checks", "Checks", checks_section(r))
        << section("tensors", "Per tensor, per update", tensors_section(r))
        << section("mutants", "Planted bugs: the detection matrix", mutants_section(r))
-       << section("memory", "Memory", memory_section(r))
-       << section("throughput", "Throughput", throughput_section(r))
+       << section("memory", "Memory", memory_section(r)) << section("throughput", "Throughput", throughput_section(r))
        << section("spec-section", "Spec", spec_block(r.spec_json))
        << "<p class=\"note\">generated by gradcert · report.json beside this file (schema gradcert.report/1) carries "
           "the same figures</p>\n";

@@ -28,8 +28,7 @@ std::string badge(const std::string& cls, const std::string& text);
 /// sensitivity) under the verdict; `facts` are list items; the commands reproduce the run.
 std::string banner(const std::string& cls, const std::string& title, const std::string& sentence,
                    const std::vector<std::string>& facts, const std::vector<std::string>& commands,
-                   const std::string& command_note,
-                   const std::vector<std::string>& findings = {});
+                   const std::string& command_note, const std::vector<std::string>& findings = {});
 /// The environment as banner facts (torch, device, world, launcher, git, seed, host, started).
 std::vector<std::string> environment_facts(const Environment& e, bool with_world = true);
 /// The spec (pretty JSON) in a closed <details>, or nothing for an empty spec.

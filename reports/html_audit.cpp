@@ -23,8 +23,8 @@ namespace {
 std::string audit_command(const AuditReport& r) {
   const RunReport& b = r.before;
   if (r.before_side.backend == "observed")  // `gradcert audit-jobs`: the sides are the user's own commands
-    return "gradcert audit-jobs --updates " + std::to_string(b.updates) + " --before " + shell_word(r.before_side.command) +
-           " --after " + shell_word(r.after_side.command);
+    return "gradcert audit-jobs --updates " + std::to_string(b.updates) + " --before " +
+           shell_word(r.before_side.command) + " --after " + shell_word(r.after_side.command);
   std::string c = "gradcert audit --before " + shell_word(r.before_side.name) + " --after " +
                   shell_word(r.after_side.name) + " --world " + std::to_string(b.topology.world()) + " --dtype " +
                   shell_word(b.dtype) + " --optimizer " + shell_word(b.optimizer);
@@ -183,20 +183,23 @@ std::string audit_html(const AuditReport& r) {
   } else if (cls == "fail") {
     sentence += " between the two sides (or against the reference)";
   }
-  std::vector<std::string> facts = {
-      "world <b>" + std::to_string(b.topology.world()) + "</b> (dp " + std::to_string(b.topology.dp) + ", tp " +
-          std::to_string(b.topology.tp) + ", pp " + std::to_string(b.topology.pp) + ")",
-      "dtype <b>" + esc(b.dtype) + "</b>", "optimizer <b>" + esc(b.optimizer) + "</b>",
-      "updates <b>" + std::to_string(b.updates) + "</b>", "B_update <b>" + std::to_string(b.update_batch) + "</b>",
-      "parity tolerance <b>" + esc(figure_text(r.tolerance)) + "</b>"};
+  std::vector<std::string> facts = {"world <b>" + std::to_string(b.topology.world()) + "</b> (dp " +
+                                        std::to_string(b.topology.dp) + ", tp " + std::to_string(b.topology.tp) +
+                                        ", pp " + std::to_string(b.topology.pp) + ")",
+                                    "dtype <b>" + esc(b.dtype) + "</b>",
+                                    "optimizer <b>" + esc(b.optimizer) + "</b>",
+                                    "updates <b>" + std::to_string(b.updates) + "</b>",
+                                    "B_update <b>" + std::to_string(b.update_batch) + "</b>",
+                                    "parity tolerance <b>" + esc(figure_text(r.tolerance)) + "</b>"};
   for (auto& f : environment_facts(r.environment, /*with_world=*/false)) facts.push_back(f);
   const std::string title =
       "gradcert audit: " + side_title(r.before_side) + " \xe2\x86\x92 " + side_title(r.after_side);
   std::ostringstream differences;
   if (r.differences.empty()) {
-    differences << "<p>" << (r.compared ? "none: both sides pass every check and agree with each other within the "
-                                          "tolerance."
-                                        : "none listed, but the two runs were not compared.")
+    differences << "<p>"
+                << (r.compared ? "none: both sides pass every check and agree with each other within the "
+                                 "tolerance."
+                               : "none listed, but the two runs were not compared.")
                 << "</p>\n";
   } else {
     differences << "<ul class=\"differences\">\n";

@@ -23,11 +23,13 @@ namespace {
 const char* kLight =
     "--bg:#fff;--fg:#1f2328;--muted:#59636e;--line:#d1d9e0;--panel:#f6f8fa;--band:#eef1f4;--pass:#1a7f37;"
     "--fail:#cf222e;--caught:#0969da;--skip:#818b98;--warn:#9a6700;--passbg:#dafbe1;--failbg:#ffebe9;"
-    "--warnbg:#fff8c5;--s0:#0969da;--s1:#d4760a;--s2:#8250df;--s3:#1b7c83;--s4:#bf3989;--s5:#7d6a3b;--s6:#6e7781;--s7:#6f7d00";
+    "--warnbg:#fff8c5;--s0:#0969da;--s1:#d4760a;--s2:#8250df;--s3:#1b7c83;--s4:#bf3989;--s5:#7d6a3b;--s6:#6e7781;--s7:#"
+    "6f7d00";
 const char* kDark =
     "--bg:#0d1117;--fg:#e6edf3;--muted:#9198a1;--line:#3d444d;--panel:#151b23;--band:#1a2029;--pass:#3fb950;"
     "--fail:#f85149;--caught:#58a6ff;--skip:#9198a1;--warn:#d29922;--passbg:#12351f;--failbg:#3c1618;"
-    "--warnbg:#3a2a0b;--s0:#58a6ff;--s1:#f0883e;--s2:#bc8cff;--s3:#39c5cf;--s4:#f778ba;--s5:#d2a679;--s6:#9198a1;--s7:#b8c14a";
+    "--warnbg:#3a2a0b;--s0:#58a6ff;--s1:#f0883e;--s2:#bc8cff;--s3:#39c5cf;--s4:#f778ba;--s5:#d2a679;--s6:#9198a1;--s7:#"
+    "b8c14a";
 
 const char* kCss = R"(*{box-sizing:border-box}
 body{margin:0 auto;max-width:1240px;padding:16px 24px 48px;background:var(--bg);color:var(--fg);font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif}
@@ -88,8 +90,10 @@ const std::vector<std::string>& canonical(bool in_block) {
   static const auto lists = [] {
     std::pair<std::vector<std::string>, std::vector<std::string>> l;
     for (const auto& p : tiny_lm_layout(ModelSpec{})) {
-      if (p.block < 0) l.first.push_back(p.name);
-      else if (p.block == 0) l.second.push_back(p.name.substr(std::string("blocks.0.").size()));
+      if (p.block < 0)
+        l.first.push_back(p.name);
+      else if (p.block == 0)
+        l.second.push_back(p.name.substr(std::string("blocks.0.").size()));
     }
     return l;
   }();
@@ -97,7 +101,7 @@ const std::vector<std::string>& canonical(bool in_block) {
 }
 
 struct Place {
-  int part = 0;   ///< 0 embeddings, 1 numbered blocks, 2 other, 3 head (final norm, output layer)
+  int part = 0;  ///< 0 embeddings, 1 numbered blocks, 2 other, 3 head (final norm, output layer)
   int block = 0;
   size_t within = 0;
   std::string suffix;  ///< inside a block: the name after its index
@@ -127,12 +131,13 @@ Place place_of(const std::string& name) {
   p.part = embed ? 0 : head ? 3 : 2;
   // The tiny LM's place of the same name, also under a prefix ("transformer.ln_f.weight").
   const auto& c = canonical(false);
-  p.within = static_cast<size_t>(std::find_if(c.begin(), c.end(), [&](const std::string& k) {
-                                   return name == k || (name.size() > k.size() &&
-                                                        name.compare(name.size() - k.size() - 1, std::string::npos,
-                                                                     "." + k) == 0);
-                                 }) -
-                                 c.begin());
+  p.within = static_cast<size_t>(
+      std::find_if(c.begin(), c.end(),
+                   [&](const std::string& k) {
+                     return name == k || (name.size() > k.size() &&
+                                          name.compare(name.size() - k.size() - 1, std::string::npos, "." + k) == 0);
+                   }) -
+      c.begin());
   return p;
 }
 
@@ -162,8 +167,7 @@ std::string page(const std::string& title, const std::string& body) {
     << "<link rel=\"icon\" href=\"data:,\">\n<title>" << esc(title) << "</title>\n<style>\n"
     << ":root{color-scheme:light dark;" << kLight << "}\n"
     << "@media (prefers-color-scheme:dark){:root{" << kDark << "}}\n"
-    << kCss
-    << "@media print{:root{color-scheme:light;" << kLight << "}\n"
+    << kCss << "@media print{:root{color-scheme:light;" << kLight << "}\n"
     << "body{max-width:none;padding:0;font-size:11px}nav{display:none}details{border:none;padding:0}"
        "summary{font-weight:600}.chartbox{overflow:visible}svg,tr,.banner,.side{break-inside:avoid}"
        "h2,h3{break-after:avoid}a{color:inherit;text-decoration:none}.pair{grid-template-columns:1fr 1fr}}\n"
@@ -185,8 +189,8 @@ std::string badge(const std::string& cls, const std::string& text) {
 std::string banner(const std::string& cls, const std::string& title, const std::string& sentence,
                    const std::vector<std::string>& facts, const std::vector<std::string>& commands,
                    const std::string& command_note, const std::vector<std::string>& findings) {
-  static const std::map<std::string, std::string> word = {{"pass", "PASS"}, {"fail", "FAIL"},
-                                                          {"interrupted", "INTERRUPTED"}};
+  static const std::map<std::string, std::string> word = {
+      {"pass", "PASS"}, {"fail", "FAIL"}, {"interrupted", "INTERRUPTED"}};
   std::ostringstream o;
   o << "<header id=\"verdict\" class=\"banner " << cls << "\" data-verdict=\"" << cls << "\">\n<h1>" << esc(title)
     << "</h1>\n<div><span class=\"verdict\">" << word.at(cls) << "</span><span class=\"sentence\">" << esc(sentence)
@@ -336,16 +340,18 @@ std::string tensor_charts(const std::vector<TensorFigure>& figs, double toleranc
   o << "</p>\n";
   if (!over.empty())
     o << "<p class=\"note\"><span class=\"bad\">" << over.size() << " of " << figs.size()
-      << "</span> tensor-updates above the tolerance, in " << [&] {
-           std::set<std::string> in;
-           for (const auto* f : over) in.insert(model_part(f->tensor));
-           std::string s;
-           for (const auto& part : parts)
-             if (in.count(part)) s += (s.empty() ? "" : ", ") + part;
-           return esc(s);
-         }() << "</p>\n";
+      << "</span> tensor-updates above the tolerance, in " <<
+        [&] {
+          std::set<std::string> in;
+          for (const auto* f : over) in.insert(model_part(f->tensor));
+          std::string s;
+          for (const auto& part : parts)
+            if (in.count(part)) s += (s.empty() ? "" : ", ") + part;
+          return esc(s);
+        }()
+      << "</p>\n";
   o << "<p class=\"caption\">parameters after the step: relative L2 error per tensor, " << esc(against)
-      << "</p>\n<div class=\"chartbox\">" << svg::profile_chart(p) << "</div>\n";
+    << "</p>\n<div class=\"chartbox\">" << svg::profile_chart(p) << "</div>\n";
   return o.str();
 }
 

@@ -18,8 +18,11 @@ using namespace reports;
 namespace {
 
 json check_json(const CheckResult& c) {
-  json j = {{"id", c.id}, {"verdict", verdict_name(c.verdict)}, {"figure", json_number(c.figure)},
-            {"tolerance", json_number(c.tolerance)}, {"detail", c.detail}};
+  json j = {{"id", c.id},
+            {"verdict", verdict_name(c.verdict)},
+            {"figure", json_number(c.figure)},
+            {"tolerance", json_number(c.tolerance)},
+            {"detail", c.detail}};
   if (c.noise_floor >= 0) {  // NOTE [noise floor]: what the tolerance was set from
     j["noise_floor"] = json_number(c.noise_floor);
     j["floor_factor"] = json_number(c.floor_factor);
@@ -131,9 +134,9 @@ json memory_json(const std::vector<MemoryRunReport>& runs) {
          {"measured_model_state_bytes", bytes_or_null(r.measured_model_state_bytes)},
          {"budget_bytes", r.budget_bytes > 0 ? json(r.budget_bytes) : json(nullptr)},
          {"peaks", peaks},
-         {"worst", w ? json{{"rank", w->rank}, {"bucket", w->bucket}, {"phase", w->phase},
-                            {"peak_bytes", w->peak_bytes}}
-                     : json(nullptr)}});
+         {"worst",
+          w ? json{{"rank", w->rank}, {"bucket", w->bucket}, {"phase", w->phase}, {"peak_bytes", w->peak_bytes}}
+            : json(nullptr)}});
   }
   return {{"runs", out_runs}, {"excluded", excluded_from_estimate()}};
 }
@@ -187,20 +190,28 @@ std::string report_json(const Report& r) {
     if (!run.tensor_errors.empty()) {
       json t = json::array();
       for (const auto& f : run.tensor_errors)
-        t.push_back({{"update", f.update}, {"tensor", f.tensor}, {"grad_rel", json_number(f.grad_rel)},
+        t.push_back({{"update", f.update},
+                     {"tensor", f.tensor},
+                     {"grad_rel", json_number(f.grad_rel)},
                      {"grad_scale", std::isnan(f.grad_scale) ? json(nullptr) : json_number(f.grad_scale)},
                      {"param_rel", json_number(f.param_rel)}});
       j["tensor_errors"] = t;
     }
     if (run.diagnosis.ran) {
       auto cand = [](const DiagnosisCandidate& c) {
-        return json{{"id", c.id}, {"description", c.description}, {"figure", json_number(c.figure)},
+        return json{{"id", c.id},
+                    {"description", c.description},
+                    {"figure", json_number(c.figure)},
                     {"worst_update", c.worst_update}};
       };
       json all = json::array();
       for (const auto& c : run.diagnosis.candidates) all.push_back(cand(c));
-      j["diagnosis"] = {{"matched", run.diagnosis.matched}, {"separated", run.diagnosis.separated}, {"best", cand(run.diagnosis.best)}, {"runner_up", cand(run.diagnosis.runner_up)},
-                        {"candidates", all}, {"note", run.diagnosis.note}};
+      j["diagnosis"] = {{"matched", run.diagnosis.matched},
+                        {"separated", run.diagnosis.separated},
+                        {"best", cand(run.diagnosis.best)},
+                        {"runner_up", cand(run.diagnosis.runner_up)},
+                        {"candidates", all},
+                        {"note", run.diagnosis.note}};
       if (!run.diagnosis.per_update.empty()) {
         json per = json::array();
         for (const auto& c : run.diagnosis.per_update)
@@ -214,7 +225,8 @@ std::string report_json(const Report& r) {
   json mutants = json::array();
   for (const auto& run : r.runs)
     if (!run.inject.empty())
-      mutants.push_back({{"name", run.inject}, {"backend", run.backend},
+      mutants.push_back({{"name", run.inject},
+                         {"backend", run.backend},
                          {"detected", run.error.empty() && !run.detected_by().empty()},
                          {"detected_by", run.detected_by()}});
   json out = {{"schema", "gradcert.report/1"},
@@ -240,8 +252,12 @@ std::string audit_json(const AuditReport& r) {
   for (const auto& d : r.diffs) tensors.push_back(tensor_json(d, true));
   for (const auto& d : worst_per_tensor(r)) worst.push_back(tensor_json(d, false));
   for (const auto& n : r.notes)
-    notes.push_back({{"id", n.id}, {"topic", n.topic}, {"before", n.before}, {"after", n.after},
-                     {"applies", n.applies}, {"why", n.why}});
+    notes.push_back({{"id", n.id},
+                     {"topic", n.topic},
+                     {"before", n.before},
+                     {"after", n.after},
+                     {"applies", n.applies},
+                     {"why", n.why}});
   json j = {{"schema", "gradcert.audit/1"},
             {"environment", environment_json(r.environment)},
             {"spec", json::parse(r.spec_json.empty() ? "{}" : r.spec_json, nullptr, false)},
@@ -252,12 +268,14 @@ std::string audit_json(const AuditReport& r) {
             {"updates", updates},
             {"tensors", tensors},
             {"tensors_worst", worst},
-            {"step_seconds_median", {{"before", r.before_facts.step_seconds_median},
-                                     {"after", r.after_facts.step_seconds_median}}},
+            {"step_seconds_median",
+             {{"before", r.before_facts.step_seconds_median}, {"after", r.after_facts.step_seconds_median}}},
             {"memory", r.memory},
             {"migration_notes", notes},
             {"differences", r.differences},
-            {"verdict", r.run_failed() ? "error" : r.preserved() ? "preserved" : "differences"},
+            {"verdict", r.run_failed()  ? "error"
+                        : r.preserved() ? "preserved"
+                                        : "differences"},
             {"verdict_text", r.verdict_text()}};
   if (r.interrupted) j["interrupted"] = true;  // a partial report (NOTE [interrupt])
   return j.dump(1) + "\n";

@@ -23,7 +23,7 @@ struct TestCase {
   enum class Outcome { Pass, Failure, Error, Skipped };
   std::string classname, name;
   Outcome outcome = Outcome::Pass;
-  std::string message, body;     ///< <failure> / <error> / <skipped> (skipped: message only)
+  std::string message, body;  ///< <failure> / <error> / <skipped> (skipped: message only)
   bool has_system_out = false;
   std::string system_out;
 };
@@ -143,9 +143,9 @@ std::string audit_junit(const AuditReport& r) {
   // name the update ("loss.update_1").
   const std::string between = "audit.between";
   const auto differences = classify_differences(r);
-  for (DifferenceKind k : {DifferenceKind::Grads, DifferenceKind::Params, DifferenceKind::WindowCount,
-                           DifferenceKind::UpdateSize, DifferenceKind::Loss, DifferenceKind::Tensors,
-                           DifferenceKind::Compare, DifferenceKind::Other}) {
+  for (DifferenceKind k :
+       {DifferenceKind::Grads, DifferenceKind::Params, DifferenceKind::WindowCount, DifferenceKind::UpdateSize,
+        DifferenceKind::Loss, DifferenceKind::Tensors, DifferenceKind::Compare, DifferenceKind::Other}) {
     bool any = false;
     for (const auto& d : differences) {
       if (d.kind != k) continue;

@@ -28,8 +28,8 @@ std::string memory_markdown(const std::vector<MemoryRunReport>& runs) {
       << " | " << (r.has_estimate ? cell_bytes(r.estimate.model_state()) : "-") << " | "
       << cell_bytes(r.measured_model_state_bytes) << " | "
       << (r.budget_bytes > 0 ? human_bytes(r.budget_bytes) : "none") << " | "
-      << (w ? human_bytes(static_cast<double>(w->peak_bytes)) + " (rank " + std::to_string(w->rank) + ", " +
-                  w->bucket + " bucket, " + w->phase + ")"
+      << (w ? human_bytes(static_cast<double>(w->peak_bytes)) + " (rank " + std::to_string(w->rank) + ", " + w->bucket +
+                  " bucket, " + w->phase + ")"
             : "-")
       << " |\n";
   }
@@ -113,8 +113,8 @@ std::string report_markdown(const Report& r) {
       continue;
     }
     for (const auto& c : run.checks)
-      o << "| " << run_label(run) << " | " << c.id << " | " << figure_text(c.figure) << " | " << tolerance_text(c) << " | "
-        << verdict_cell(run, c) << " | " << c.detail << " |\n";
+      o << "| " << run_label(run) << " | " << c.id << " | " << figure_text(c.figure) << " | " << tolerance_text(c)
+        << " | " << verdict_cell(run, c) << " | " << c.detail << " |\n";
   }
   bool said = false;  // the diagnosis (what the stack computed instead), then NOTE [sensitivity]
   for (const auto& run : r.runs)
@@ -145,8 +145,8 @@ std::string audit_markdown(const AuditReport& r) {
   }
   o << "World " << b.topology.world() << " (dp " << b.topology.dp << ", tp " << b.topology.tp << ", pp "
     << b.topology.pp << "), " << b.dtype << ", " << b.optimizer << ", " << b.updates << " updates, B_update "
-    << b.update_batch << "; parity tolerance " << figure_text(r.tolerance) << ". torch " << r.environment.torch << ", git "
-    << r.environment.git << ", " << r.environment.started << ".\n\n";
+    << b.update_batch << "; parity tolerance " << figure_text(r.tolerance) << ". torch " << r.environment.torch
+    << ", git " << r.environment.git << ", " << r.environment.started << ".\n\n";
   o << "- before: " << side_facts_line(r.before_side, r.before_facts) << "\n";
   o << "- after: " << side_facts_line(r.after_side, r.after_facts) << "\n\n";
   o << "## Checks against the float64 reference\n\n| check | before | after | tolerance | verdict (before / after) |\n"

@@ -33,7 +33,7 @@ struct Profile {
   std::vector<std::string> labels;  ///< per category (short)
   std::vector<std::string> groups;  ///< per category; consecutive equal names make one band
   std::vector<Series> series;
-  double tolerance = 0;             ///< 0: no line
+  double tolerance = 0;  ///< 0: no line
   /// The page's x-label blocks by content and element id: a chart whose labels an earlier
   /// chart drew refers to them (<use>) instead of repeating them. Null: always drawn.
   std::map<std::string, std::string>* shared = nullptr;

@@ -83,8 +83,8 @@ std::string sensitivity_text(const RunReport& r) {
          figure_text(scale->noise_floor) + ")";
   s += "); a smaller one passes unseen";
   if (const CheckResult* parity = find_check(r, "grad.parity"); parity && parity->tolerance > 0)
-    s += ", as does a non-uniform gradient error below grad.parity's rel L2 tolerance " +
-         figure_text(parity->tolerance);
+    s +=
+        ", as does a non-uniform gradient error below grad.parity's rel L2 tolerance " + figure_text(parity->tolerance);
   return s;
 }
 

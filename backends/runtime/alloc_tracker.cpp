@@ -18,8 +18,7 @@ std::atomic<int64_t> g_current{0}, g_peak{0}, g_count{0};
 
 void raise_peak(int64_t now) {
   int64_t seen = g_peak.load(std::memory_order_relaxed);
-  while (now > seen && !g_peak.compare_exchange_weak(seen, now, std::memory_order_relaxed)) {
-  }
+  while (now > seen && !g_peak.compare_exchange_weak(seen, now, std::memory_order_relaxed)) {}
 }
 
 // NOTE [tracking allocator] LibTorch asks c10::GetCPUAllocator() for every CPU storage
@@ -66,8 +65,8 @@ struct TrackingAllocator final : c10::Allocator {
       std::lock_guard<std::mutex> lock(g_table_mutex);
       (*g_table)[data] = Allocation{std::move(original), n};
     }
-    const int64_t now = g_current.fetch_add(static_cast<int64_t>(n), std::memory_order_relaxed) +
-                        static_cast<int64_t>(n);
+    const int64_t now =
+        g_current.fetch_add(static_cast<int64_t>(n), std::memory_order_relaxed) + static_cast<int64_t>(n);
     g_count.fetch_add(1, std::memory_order_relaxed);
     raise_peak(now);
     return {data, data, &release, device};
@@ -75,9 +74,7 @@ struct TrackingAllocator final : c10::Allocator {
 
   c10::DeleterFnPtr raw_deleter() const override { return &release; }
 
-  void copy_data(void* dest, const void* src, std::size_t count) const override {
-    default_copy_data(dest, src, count);
-  }
+  void copy_data(void* dest, const void* src, std::size_t count) const override { default_copy_data(dest, src, count); }
 
   c10::Allocator* inner;
 };

@@ -79,8 +79,7 @@ int64_t save_checkpoint(RankContext& ctx, Backend& backend, const std::string& d
   return held;
 }
 
-CheckpointRecord load_checkpoint(RankContext& ctx, Backend& backend, const std::string& dir,
-                                 const std::string& nonce) {
+CheckpointRecord load_checkpoint(RankContext& ctx, Backend& backend, const std::string& dir, const std::string& nonce) {
   torch::NoGradGuard ng;
   const bool fresh_optimizer = ctx.mutant == Mutant::ResumeOptimizerUnsaved;
   OptimizerSpec expect_opt = ctx.spec->optimizer;
@@ -89,8 +88,8 @@ CheckpointRecord load_checkpoint(RankContext& ctx, Backend& backend, const std::
     expect_opt.momentum = 0;
   }
   const TensorMap shapes = initial_shapes(*ctx.spec);
-  const Checkpoint cp =
-      read_checkpoint(dir, /*world: the saver's*/ 0, checkpoint_expectation(shapes, expect_opt, ctx.spec->dtype), nonce);
+  const Checkpoint cp = read_checkpoint(dir, /*world: the saver's*/ 0,
+                                        checkpoint_expectation(shapes, expect_opt, ctx.spec->dtype), nonce);
   const auto type = scalar_type(checkpoint_dtype(ctx.spec->dtype));
   std::string cached_name;
   torch::Tensor cached;  // one canonical tensor at a time (pieces come grouped by tensor)
@@ -110,7 +109,8 @@ CheckpointRecord load_checkpoint(RankContext& ctx, Backend& backend, const std::
       if (s.flat_begin >= 0) {
         src = src.reshape({-1}).slice(0, s.flat_begin, s.flat_begin + target.numel());
       } else {
-        for (size_t d = 0; d < s.offset.size(); ++d) src = src.narrow(static_cast<int64_t>(d), s.offset[d], target.size(d));
+        for (size_t d = 0; d < s.offset.size(); ++d)
+          src = src.narrow(static_cast<int64_t>(d), s.offset[d], target.size(d));
       }
       target.copy_(src.reshape(target.sizes()));
     }

@@ -43,13 +43,14 @@ void copy_back(torch::Tensor& into, const torch::Tensor& staged_copy) {
 
 c10::intrusive_ptr<c10d::Backend> gloo_group(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                              double timeout_s) {
-  auto opts = c10d::ProcessGroupGloo::Options::create(std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
+  auto opts =
+      c10d::ProcessGroupGloo::Options::create(std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
   opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
   return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, opts);
 }
 
-c10::intrusive_ptr<c10d::Backend> group(const std::string& kind, const c10::intrusive_ptr<c10d::Store>& store,
-                                        int rank, int size, double timeout_s) {
+c10::intrusive_ptr<c10d::Backend> group(const std::string& kind, const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                        int size, double timeout_s) {
 #ifdef USE_C10D_NCCL
   if (kind == "nccl") {
     auto opts = c10d::ProcessGroupNCCL::Options::create();

@@ -66,7 +66,6 @@ std::vector<ShardPiece> whole_pieces(const TensorMap& tensors, int replica) {
   return out;
 }
 
-
 FlatShard::FlatShard(int64_t b, int64_t n, int d, int r)
     : begin(b), numel(n), shard((n + d - 1) / d), dp(d), dp_rank(r) {}
 

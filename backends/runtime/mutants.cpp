@@ -9,7 +9,8 @@ const std::vector<MutantInfo>& mutant_table() {
   static const std::vector<MutantInfo> table = {
       {Mutant::LocalMean, "local-mean", "each rank normalises by its own targets, then ranks are averaged",
        [](const StrategyTraits& t) { return t.data_parallel; }},
-      {Mutant::MicroMean, "micro-mean", "per-microstep mean, then divide by A (the 2024 gradient-accumulation bug class)",
+      {Mutant::MicroMean, "micro-mean",
+       "per-microstep mean, then divide by A (the 2024 gradient-accumulation bug class)",
        [](const StrategyTraits&) { return true; }},
       {Mutant::StaleWindowCount, "stale-window-count", "the full window's N reused in the partial final window",
        [](const StrategyTraits&) { return true; }},
@@ -28,7 +29,8 @@ const std::vector<MutantInfo>& mutant_table() {
       {Mutant::StaleGatheredParams, "stale-gathered-params",
        "the shard is updated but the next update computes with the previously gathered weights",
        [](const StrategyTraits& t) { return t.gathers_params; }},
-      {Mutant::TpCountedAsDp, "tp-counted-as-dp", "D taken as the world size under TP, so the TP ranks count as replicas",
+      {Mutant::TpCountedAsDp, "tp-counted-as-dp",
+       "D taken as the world size under TP, so the TP ranks count as replicas",
        [](const StrategyTraits& t) { return t.tensor_parallel; }},
       {Mutant::ReplicaDrift, "replica-drift",
        "one replica steps its last update with lr x 1.01 (a per-rank schedule): only rank 0's tensors become artifacts",
@@ -60,7 +62,8 @@ std::string mutant_name(Mutant m) {
 
 Mutant parse_mutant(const std::string& name) {
   if (name.empty()) return Mutant::None;
-  if (name == "shard-divide-factor") return Mutant::ShardDivideFactor;  // its name before the bug catalog (one name per bug)
+  if (name == "shard-divide-factor")
+    return Mutant::ShardDivideFactor;  // its name before the bug catalog (one name per bug)
   std::string known;
   for (const auto& row : mutant_table()) {
     if (row.name == name) return row.id;

@@ -13,8 +13,7 @@
 
 namespace gradcert {
 
-std::vector<std::vector<int64_t>> consumed_ids(const Plan& plan, const Window& w, int dp_rank,
-                                               Mutant mutant) {
+std::vector<std::vector<int64_t>> consumed_ids(const Plan& plan, const Window& w, int dp_rank, Mutant mutant) {
   std::vector<std::vector<int64_t>> out(plan.accum);
   if (mutant != Mutant::SamplerPadDuplicate || !w.partial) {
     for (int a = 0; a < plan.accum; ++a) out[a] = w.slots[dp_rank][a].ids;
@@ -215,7 +214,8 @@ NamedTensors ReplicaState::replica_params() {
 }
 
 void ReplicaState::collect(RankContext& ctx, RankUpdate& out) {
-  if (!dp_group(ctx)) out.loss = out.valid_targets > 0 ? out.record.loss_sum / static_cast<double>(out.valid_targets) : 0.0;
+  if (!dp_group(ctx))
+    out.loss = out.valid_targets > 0 ? out.record.loss_sum / static_cast<double>(out.valid_targets) : 0.0;
   if (ctx.rank != 0) return;
   out.grads = std::move(grads_before_step_);
   UntimedScope untimed(ctx);
@@ -255,7 +255,8 @@ std::vector<StatePiece> ParamStepper::state(const RankContext& ctx,
   return out;
 }
 
-void ParamStepper::round_into(const RankContext& ctx, const std::vector<std::pair<std::string, torch::Tensor>>& params) {
+void ParamStepper::round_into(const RankContext& ctx,
+                              const std::vector<std::pair<std::string, torch::Tensor>>& params) {
   if (ctx.spec->dtype != DType::BFloat16) return;
   torch::NoGradGuard ng;
   for (const auto& [name, p] : params) p.copy_(masters_.at(name));

@@ -10,8 +10,7 @@ namespace gradcert {
 
 /// The ids rank `dp_rank` consumes in each microstep of window `w`, after any planted
 /// sampler bug (sampler-pad-duplicate repeats leading examples to even out a partial window).
-std::vector<std::vector<int64_t>> consumed_ids(const Plan& plan, const Window& w, int dp_rank,
-                                               Mutant mutant);
+std::vector<std::vector<int64_t>> consumed_ids(const Plan& plan, const Window& w, int dp_rank, Mutant mutant);
 
 /// The valid targets a rank counts in one collated microbatch: b.valid_targets, or under
 /// the pad-as-target mutant every non-ignored label plus every pad position.
@@ -23,9 +22,9 @@ std::pair<double, int64_t> allreduce_sum(RankContext& ctx, double x, int64_t n);
 /// One window as a DP rank sees it: what it consumes, collated, and the N it uses.
 struct WindowWork {
   std::vector<std::vector<int64_t>> consumed;  ///< ids per microstep
-  std::vector<Batch> batches;                   ///< one per microstep (possibly empty)
-  int64_t local_targets = 0;                    ///< n_r, as counted (see counted_targets)
-  int64_t window_targets = 0;                   ///< N: n_r summed over the DP group
+  std::vector<Batch> batches;                  ///< one per microstep (possibly empty)
+  int64_t local_targets = 0;                   ///< n_r, as counted (see counted_targets)
+  int64_t window_targets = 0;                  ///< N: n_r summed over the DP group
   /// The factor on S_{r,a} for microstep a (the D*S/N rule or the planted variant).
   double scale(const RankContext& ctx, int a, int dp) const;
   /// A RankUpdate for `update` carrying what this rank consumed and the N it uses.
@@ -59,8 +58,9 @@ class ParamStepper {
   torch::Tensor stepped(const RankContext& ctx, const std::string& name, const torch::Tensor& p);
   OptimizerSlot& slot(const RankContext& ctx, const std::string& name, const torch::Tensor& like, bool allocate);
   /// Whole parameters as StatePieces (NOTE [checkpoints]), each saved when `saves`.
-  std::vector<StatePiece> state(const RankContext& ctx, const std::vector<std::pair<std::string, torch::Tensor>>& params,
-                                bool saves, bool allocate);
+  std::vector<StatePiece> state(const RankContext& ctx,
+                                const std::vector<std::pair<std::string, torch::Tensor>>& params, bool saves,
+                                bool allocate);
   /// bfloat16 runs: rounds the (loaded) masters into the parameters.
   void round_into(const RankContext& ctx, const std::vector<std::pair<std::string, torch::Tensor>>& params);
 

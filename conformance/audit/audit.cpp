@@ -67,8 +67,8 @@ RunPlan side_plan(const AuditRequest& q, const AuditSide& s, const std::string& 
   r.exe = q.exe;
   RunPlan run = make_run_plan(r);
   const Spec& eff = run.spec;
-  std::string dir = role + "-" + s.label + "-w" + std::to_string(eff.topology.world()) + "-" +
-                    dtype_name(eff.dtype) + "-" + eff.optimizer.name;
+  std::string dir = role + "-" + s.label + "-w" + std::to_string(eff.topology.world()) + "-" + dtype_name(eff.dtype) +
+                    "-" + eff.optimizer.name;
   if (!s.inject.empty()) dir += "-" + s.inject;
   run.request.run_dir = q.out_dir + "/runs/" + dir;
   return run;
@@ -106,7 +106,8 @@ void measured_facts(const RunReport& r, AuditSideFacts& f) {
       f.peak_memory_bytes = std::max(f.peak_memory_bytes.value_or(0.0), double(p.peak_bytes));
     f.peak_memory_kind = "tracked tensor peak";
   }
-  if (r.has_throughput && r.throughput.target_tokens_per_s > 0) f.target_tokens_per_s = r.throughput.target_tokens_per_s;
+  if (r.has_throughput && r.throughput.target_tokens_per_s > 0)
+    f.target_tokens_per_s = r.throughput.target_tokens_per_s;
 }
 
 // The facts a side's files carry, keeping what the harness measured.
@@ -144,7 +145,8 @@ void manifest_notes(AuditReport& rep, const Spec& spec, const Plan& plan) {
     };
     const std::string cb = clause(rep.before_facts.notes), ca = clause(rep.after_facts.notes);
     if (!cb.empty() || !ca.empty())
-      n.why += "; the stacks' manifests: before \"" + (cb.empty() ? "-" : cb) + "\", after \"" + (ca.empty() ? "-" : ca) + "\"";
+      n.why += "; the stacks' manifests: before \"" + (cb.empty() ? "-" : cb) + "\", after \"" +
+               (ca.empty() ? "-" : ca) + "\"";
   }
 }
 
@@ -169,8 +171,8 @@ AuditReport run_audit(const AuditRequest& q, std::ostream& progress) {
 
   auto& diff = rep.differences;
   for (const auto* side : {&rep.before, &rep.after}) {
-    const std::string who = side == &rep.before ? "before (" + rep.before_side.name + ")"
-                                                : "after (" + rep.after_side.name + ")";
+    const std::string who =
+        side == &rep.before ? "before (" + rep.before_side.name + ")" : "after (" + rep.after_side.name + ")";
     if (!side->error.empty()) diff.push_back(who + ": run failed: " + first_line(side->error));
     for (const auto& c : side->checks)
       if (c.verdict == Verdict::Fail) diff.push_back(who + ": check " + c.id + " failed: " + c.detail);

@@ -21,16 +21,15 @@ namespace gradcert {
 /// a mutant the side does not plant, or an adapter whose checkout or venv is missing.
 AuditSide resolve_audit_side(const std::string& name, const std::string& inject, const std::string& root);
 
-
 struct AuditRequest {
   Spec spec;
   std::string before, after;                ///< side names (see AuditSide)
   std::string before_inject, after_inject;  ///< planted bugs ("" for none)
   int world = 0;                            ///< 0: the spec's topology
   LauncherKind launcher = LauncherKind::Local;
-  std::string out_dir;                      ///< runs go under <out_dir>/runs/
-  std::string exe;                          ///< the gradcert executable (ranks run `gradcert worker`)
-  std::string root;                         ///< the checkout for the adapters; "" = locate_repo_root(exe)
+  std::string out_dir;  ///< runs go under <out_dir>/runs/
+  std::string exe;      ///< the gradcert executable (ranks run `gradcert worker`)
+  std::string root;     ///< the checkout for the adapters; "" = locate_repo_root(exe)
 };
 
 /// Runs both sides (one after the other) and compares them. Bad input throws

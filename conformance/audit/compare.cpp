@@ -32,8 +32,6 @@ std::string seconds(double s) {
 
 std::string mib(double bytes) { return human_bytes(bytes); }
 
-
-
 }  // namespace
 
 std::string memory_text(const AuditSideFacts& b, const AuditSideFacts& a) {
@@ -43,11 +41,13 @@ std::string memory_text(const AuditSideFacts& b, const AuditSideFacts& a) {
   if (!b.peak_memory_bytes && !a.peak_memory_bytes && !b.model_state_bytes && !a.model_state_bytes)
     return "memory: neither stack reports it (external stacks: manifest peak_memory_bytes); step time only";
   auto kinds = [&] {
-    if (b.peak_memory_kind == a.peak_memory_kind) return b.peak_memory_kind.empty() ? std::string() : " [" + b.peak_memory_kind + "]";
+    if (b.peak_memory_kind == a.peak_memory_kind)
+      return b.peak_memory_kind.empty() ? std::string() : " [" + b.peak_memory_kind + "]";
     return " [" + (b.peak_memory_kind.empty() ? std::string("?") : b.peak_memory_kind) + " / " +
            (a.peak_memory_kind.empty() ? std::string("?") : a.peak_memory_kind) + "]";
   };
-  std::string t = "memory before / after: peak (worst rank) " + both(b.peak_memory_bytes, a.peak_memory_bytes) + kinds();
+  std::string t =
+      "memory before / after: peak (worst rank) " + both(b.peak_memory_bytes, a.peak_memory_bytes) + kinds();
   if (b.model_state_bytes || a.model_state_bytes)
     t += "; model state (measured) " + both(b.model_state_bytes, a.model_state_bytes);
   return t;
@@ -68,8 +68,10 @@ SideData read_side(const std::string& dir, const Plan& plan, int world, DType dt
     if (m.contains("backend") && m["backend"].is_string()) d.facts.manifest_backend = m["backend"];
     if (m.contains("versions") && m["versions"].is_object())
       for (auto it = m["versions"].begin(); it != m["versions"].end(); ++it)
-        d.facts.versions[it.key()] = it.value().is_string() ? it.value().get<std::string>() : json_excerpt(it.value(), 200);
-    if (m.contains("notes")) d.facts.notes = m["notes"].is_string() ? m["notes"].get<std::string>() : json_excerpt(m["notes"], 2000);
+        d.facts.versions[it.key()] =
+            it.value().is_string() ? it.value().get<std::string>() : json_excerpt(it.value(), 200);
+    if (m.contains("notes"))
+      d.facts.notes = m["notes"].is_string() ? m["notes"].get<std::string>() : json_excerpt(m["notes"], 2000);
     // A number, or one per rank (the worst counts).
     auto worst = [&](const char* key) -> std::optional<double> {
       if (!m.contains(key)) return std::nullopt;
@@ -105,8 +107,15 @@ RunComparison compare_runs(const Plan& plan, const std::vector<BackendUpdate>& b
   // Side by side per update: examples, N, loss, step time.
   for (size_t u = 0; u < plan.windows.size(); ++u) {
     const auto &b = before_updates[u], &a = after_updates[u];
-    AuditUpdate au{static_cast<int>(u), consumed_examples(b), consumed_examples(a), b.valid_targets, a.valid_targets,
-                   b.loss, a.loss, b.step_seconds, a.step_seconds};
+    AuditUpdate au{static_cast<int>(u),
+                   consumed_examples(b),
+                   consumed_examples(a),
+                   b.valid_targets,
+                   a.valid_targets,
+                   b.loss,
+                   a.loss,
+                   b.step_seconds,
+                   a.step_seconds};
     out.updates.push_back(au);
     const std::string at = "update " + std::to_string(u) + ": ";
     if (au.batch_before != au.batch_after)
@@ -116,8 +125,8 @@ RunComparison compare_runs(const Plan& plan, const std::vector<BackendUpdate>& b
       diff.push_back(at + "N differs: before " + std::to_string(au.n_before) + ", after " + std::to_string(au.n_after));
     const double lrel = std::fabs(a.loss - b.loss) / std::max(std::fabs(b.loss), 1e-300);
     if (!(lrel <= tolerance))
-      diff.push_back(at + "loss differs: before " + loss_text(b.loss) + ", after " + loss_text(a.loss) + " (rel " + figure_text(lrel) +
-                     " > " + figure_text(tolerance) + ")");
+      diff.push_back(at + "loss differs: before " + loss_text(b.loss) + ", after " + loss_text(a.loss) + " (rel " +
+                     figure_text(lrel) + " > " + figure_text(tolerance) + ")");
   }
 
   // Per tensor and update: after vs before.

@@ -47,8 +47,9 @@ std::string side_verdict(const char* who, const RunReport& r) {
   const Diagnosis& d = r.diagnosis;
   std::string s = std::string(who) + (r.passed() ? " passes" : " fails") + " against its own one-process reference";
   if (d.ran && !d.best.id.empty())
-    s += std::string(d.matched ? ": its gradient matches " : d.separated ? ": its gradient matches, beyond its own rounding, "
-                                                                         : ": its gradient is closest to ") +
+    s += std::string(d.matched     ? ": its gradient matches "
+                     : d.separated ? ": its gradient matches, beyond its own rounding, "
+                                   : ": its gradient is closest to ") +
          d.best.id + " at " + figure_text(d.best.figure);
   return s;
 }
@@ -58,11 +59,13 @@ std::string side_verdict(const char* who, const RunReport& r) {
 std::string first_departure(const std::vector<AuditTensorDiff>& diffs, double tolerance) {
   for (const auto& d : diffs) {  // in update order, then the model's tensor order
     if (!(d.grad_rel <= tolerance))
-      return "the jobs part first at update " + std::to_string(d.update) + ": the gradient differs (" + d.name + ": rel L2 " +
-             figure_text(d.grad_rel) + " > " + figure_text(tolerance) + "): the objective, the batch or the reduction";
+      return "the jobs part first at update " + std::to_string(d.update) + ": the gradient differs (" + d.name +
+             ": rel L2 " + figure_text(d.grad_rel) + " > " + figure_text(tolerance) +
+             "): the objective, the batch or the reduction";
     if (!(d.param_rel <= tolerance))
-      return "the jobs part first at update " + std::to_string(d.update) + ": equal gradients, other parameters after the step (" +
-             d.name + ": rel L2 " + figure_text(d.param_rel) + "): the optimizer, its state or clipping";
+      return "the jobs part first at update " + std::to_string(d.update) +
+             ": equal gradients, other parameters after the step (" + d.name + ": rel L2 " + figure_text(d.param_rel) +
+             "): the optimizer, its state or clipping";
   }
   return "";
 }
@@ -77,11 +80,12 @@ std::string first_sample_difference(const std::string& before_dir, const std::st
            std::to_string(ja.world) + "): their samples are not compared rank by rank";
   for (int u = 0; u < updates; ++u)
     for (int g = 0; g < jb.world; ++g) {
-      const ObservedUpdate b = read_observed_update(before_dir, g, u, nb), a = read_observed_update(after_dir, g, u, na);
+      const ObservedUpdate b = read_observed_update(before_dir, g, u, nb),
+                           a = read_observed_update(after_dir, g, u, na);
       const std::string at = "update " + std::to_string(u) + " rank " + std::to_string(g);
       if (b.microsteps.size() != a.microsteps.size())
-        return at + ": the jobs ran " + std::to_string(b.microsteps.size()) + " and " + std::to_string(a.microsteps.size()) +
-               " micro-batches (their accumulation differs)";
+        return at + ": the jobs ran " + std::to_string(b.microsteps.size()) + " and " +
+               std::to_string(a.microsteps.size()) + " micro-batches (their accumulation differs)";
       for (size_t m = 0; m < b.microsteps.size(); ++m) {
         const auto &eb = b.microsteps[m].examples, &ea = a.microsteps[m].examples;
         for (size_t i = 0; i < std::max(eb.size(), ea.size()); ++i) {
@@ -113,7 +117,10 @@ AuditReport run_job_audit(JobAuditRequest q, std::ostream& progress) {
     *out = observe_job(*req, run);
     char line[256];
     std::snprintf(line, sizeof line, "# [%d/2] %-6s job %s (%.1f s): ", ++k, role,
-                  !out->error.empty() ? "RUN FAILED" : out->passed() ? "pass" : "FAIL", out->wall_seconds);
+                  !out->error.empty() ? "RUN FAILED"
+                  : out->passed()     ? "pass"
+                                      : "FAIL",
+                  out->wall_seconds);
     progress << line << command_of(*req) << "\n" << std::flush;
   }
   auto& diff = rep.differences;
@@ -128,17 +135,21 @@ AuditReport run_job_audit(JobAuditRequest q, std::ostream& progress) {
   rep.environment = make_environment(0, plan.world(), LauncherKind::Local, q.before.device);
   // Each side against the reference first: a difference the reference explains is named so.
   if (!rep.before.passed() || !rep.after.passed()) {
-    diff.push_back(side_verdict("before", rep.before) + "; " + side_verdict("after", rep.after) +
-                   (rep.before.passed() != rep.after.passed()
-                        ? std::string(rep.before.passed() ? ": the after job departs from the reference, the before job does not"
-                                                          : ": the before job departs from the reference, the after job does not")
-                        : std::string(": both depart from the reference")));
-    for (const auto& [who, r] : {std::pair<const char*, const RunReport*>{"before", &rep.before}, {"after", &rep.after}})
+    diff.push_back(
+        side_verdict("before", rep.before) + "; " + side_verdict("after", rep.after) +
+        (rep.before.passed() != rep.after.passed()
+             ? std::string(rep.before.passed() ? ": the after job departs from the reference, the before job does not"
+                                               : ": the before job departs from the reference, the after job does not")
+             : std::string(": both depart from the reference")));
+    for (const auto& [who, r] :
+         {std::pair<const char*, const RunReport*>{"before", &rep.before}, {"after", &rep.after}})
       for (const auto& c : r->checks)
-        if (c.verdict == Verdict::Fail) diff.push_back(std::string(who) + " job: check " + c.id + " failed: " + c.detail);
+        if (c.verdict == Verdict::Fail)
+          diff.push_back(std::string(who) + " job: check " + c.id + " failed: " + c.detail);
   }
   if (spec.dtype != spec_after.dtype)
-    diff.push_back("the jobs train other dtypes (before " + dtype_name(spec.dtype) + ", after " + dtype_name(spec_after.dtype) + ")");
+    diff.push_back("the jobs train other dtypes (before " + dtype_name(spec.dtype) + ", after " +
+                   dtype_name(spec_after.dtype) + ")");
   SideData before, after;
   try {
     if (const std::string s = first_sample_difference(q.before.run_dir, q.after.run_dir, q.before.updates); !s.empty())

@@ -9,7 +9,6 @@ namespace gradcert {
 
 namespace {
 
-
 // The adapters of the checkout this executable belongs to (none when it cannot be found:
 // their notes then read "the stack's own").
 const std::vector<AdapterInfo>& adapters() {
@@ -98,7 +97,8 @@ std::vector<MigrationNote> migration_notes(const std::string& before_label, cons
         "divides by D once: ReduceOp.AVG, or pre/post division around a SUM (float64); "
         "set_gradient_divide_factor() overrides it",
         D > 1,
-        D > 1 ? "D = " + std::to_string(D) + ": every update's gradient is divided on both sides; a wrong factor "
+        D > 1 ? "D = " + std::to_string(D) +
+                    ": every update's gradient is divided on both sides; a wrong factor "
                     "shows as a constant ratio in grad rel L2 (every tensor)"
               : "D = 1: no reduction, not exercised");
     add("grad-sync", "skipping gradient sync during accumulation", "model.no_sync() context on microsteps 0..A-2",
@@ -117,16 +117,17 @@ std::vector<MigrationNote> migration_notes(const std::string& before_label, cons
         "both sides shard; gradients and parameters are compared per canonical tensor, so a name, shape or "
         "shard-layout change shows in the per-tensor table" +
             std::string(spec.optimizer.name == "adamw" ? "; AdamW state lives on the shards" : ""));
-    add("empty-microbatch", "ranks with an empty microbatch", "must run a (zero-loss) forward/backward on every microstep",
+    add("empty-microbatch", "ranks with an empty microbatch",
+        "must run a (zero-loss) forward/backward on every microstep",
         "the same: the forward all-gathers parameters on every microstep", empty_slots,
         empty_slots ? "the plan has empty microbatches (the partial final window): exercised"
                     : "every microbatch holds examples: not exercised");
     return out;
   }
   if (b == a) return out;
-  out.push_back({"reduction", "gradient reduction", reduction_of(b), reduction_of(a), D > 1,
-                 D > 1 ? "D = " + std::to_string(D) + ": exercised on every update"
-                       : "D = 1: no reduction, not exercised"});
+  out.push_back(
+      {"reduction", "gradient reduction", reduction_of(b), reduction_of(a), D > 1,
+       D > 1 ? "D = " + std::to_string(D) + ": exercised on every update" : "D = 1: no reduction, not exercised"});
   out.push_back({"grad-sync", "skipping gradient sync during accumulation", sync_of(b), sync_of(a), A > 1,
                  A > 1 ? "A = " + std::to_string(A) + ": exercised" : "A = 1: not exercised"});
   out.push_back({"reduce-dtype", "gradient reduce dtype under mixed precision", "", "", bf16,

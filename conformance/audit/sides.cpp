@@ -28,7 +28,8 @@ std::string shell_quote(const std::string& s) {
 
 std::string adapter_command(const std::string& root, const std::string& adapter, const std::string& inject) {
   const std::string script = root + "/backends/python/command.sh";
-  if (!fs::exists(script)) throw std::invalid_argument(script + " is missing (set GRADCERT_ROOT to the gradcert checkout)");
+  if (!fs::exists(script))
+    throw std::invalid_argument(script + " is missing (set GRADCERT_ROOT to the gradcert checkout)");
   if (!fs::exists(root + "/.venv/bin/torchrun"))
     throw std::invalid_argument(adapter + " needs " + root + "/.venv/bin/torchrun: run scripts/bootstrap for the venv");
   std::string cmd = "sh " + shell_quote(script) + " " + adapter;
@@ -44,7 +45,6 @@ std::string adapter_command(const std::string& root, const std::string& adapter,
   return out;
 }
 
-
 }  // namespace
 
 const std::vector<AdapterInfo>& adapter_catalog(const std::string& root) {
@@ -57,7 +57,8 @@ const std::vector<AdapterInfo>& adapter_catalog(const std::string& root) {
   std::vector<AdapterInfo> out;
   try {
     const json j = json::parse(read_text_file(path));
-    if (j.value("schema", "") != "gradcert.adapters/1") throw std::invalid_argument("schema is not gradcert.adapters/1");
+    if (j.value("schema", "") != "gradcert.adapters/1")
+      throw std::invalid_argument("schema is not gradcert.adapters/1");
     for (const auto& a : j.at("adapters")) {
       AdapterInfo info;
       info.name = a.at("name").get<std::string>();
@@ -99,7 +100,8 @@ AuditSide resolve_audit_side(const std::string& name, const std::string& inject_
     s.backend = kExternalBackend;
     s.command = base.substr(9);
     if (s.command.empty()) throw std::invalid_argument("external:<command>: the command is empty");
-    if (!inject.empty()) throw std::invalid_argument("a planted bug applies to built-in backends and the adapters only");
+    if (!inject.empty())
+      throw std::invalid_argument("a planted bug applies to built-in backends and the adapters only");
     return s;
   }
   const auto names = backend_names();
@@ -109,7 +111,8 @@ AuditSide resolve_audit_side(const std::string& name, const std::string& inject_
       if (!inject.empty() && std::find(a->mutants.begin(), a->mutants.end(), inject) == a->mutants.end()) {
         std::string known;
         for (const auto& m : a->mutants) known += (known.empty() ? "" : ", ") + m;
-        throw std::invalid_argument("adapter " + a->name + " does not plant '" + inject + "' (--mutant: " + known + ")");
+        throw std::invalid_argument("adapter " + a->name + " does not plant '" + inject + "' (--mutant: " + known +
+                                    ")");
       }
       s.label = a->name;
       s.backend = kExternalBackend;
@@ -123,14 +126,13 @@ AuditSide resolve_audit_side(const std::string& name, const std::string& inject_
       adapters += a.name + " ";
       for (const auto& al : a.aliases) adapters += al + " ";
     }
-    throw std::invalid_argument("unknown backend '" + base + "' (built-in: " + known + "; PyTorch adapters: " + adapters +
-                                "; any stack: external:<command>)");
+    throw std::invalid_argument("unknown backend '" + base + "' (built-in: " + known +
+                                "; PyTorch adapters: " + adapters + "; any stack: external:<command>)");
   }
   s.label = base;
   s.backend = base;
   s.inject = inject;
   return s;
 }
-
 
 }  // namespace gradcert

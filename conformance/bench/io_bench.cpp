@@ -81,7 +81,7 @@ int main(int argc, char** argv) {
   };
   report("write", w);
   report("read", r);
-  std::fprintf(stderr, "(checksum %g, %s, %d tensors of %lld values, %d repeats)\n", checksum, dtype_name(dtype).c_str(),
-               tensors, static_cast<long long>(per), repeats);
+  std::fprintf(stderr, "(checksum %g, %s, %d tensors of %lld values, %d repeats)\n", checksum,
+               dtype_name(dtype).c_str(), tensors, static_cast<long long>(per), repeats);
   return 0;
 }

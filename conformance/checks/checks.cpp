@@ -44,7 +44,7 @@ CheckResult tensor_parity(const std::string& id, const std::vector<ReferenceUpda
   double worst = 0, worst_abs = 0, worst_tol = tolerance.empty() ? 0 : tolerance.front(), worst_ratio = 0;
   bool first = true;
   std::string where = "no tensors";
-  std::string nonfinite;  // the first tensor with NaN or inf values, said in the detail
+  std::string nonfinite;   // the first tensor with NaN or inf values, said in the detail
   std::string first_fail;  // the first update and tensor beyond the tolerance, in model order
   for (size_t u = 0; u < ref.size(); ++u) {
     const double tol = tolerance[u];
@@ -103,7 +103,7 @@ struct FloorTolerance {
   double tolerance = 0;
   double floor = -1;  ///< -1: the reference measured no floor
 };
-FloorTolerance floor_tolerance(const std::vector<ReferenceUpdate>& ref, double UpdateFloor::*what, double calibrated,
+FloorTolerance floor_tolerance(const std::vector<ReferenceUpdate>& ref, double UpdateFloor::* what, double calibrated,
                                double factor) {
   FloorTolerance t{calibrated, -1};
   for (const auto& r : ref)
@@ -172,9 +172,9 @@ CheckResult check_window_count(const std::vector<ReferenceUpdate>& ref, const st
                ", the window holds " + std::to_string(ref[u].valid_targets) + " valid targets";
     }
   }
-  const size_t exposed = ref.size() - static_cast<size_t>(std::count_if(run.begin(), run.end(), [](const BackendUpdate& b) {
-                           return !b.has_valid_targets;
-                         }));
+  const size_t exposed =
+      ref.size() - static_cast<size_t>(std::count_if(run.begin(), run.end(),
+                                                     [](const BackendUpdate& b) { return !b.has_valid_targets; }));
   if (exposed == 0)
     return {id, Verdict::Skip, 0, 0, "the stack exposes no N (manifest valid_targets null in every update)"};
   if (detail.empty()) {
@@ -220,8 +220,8 @@ CheckResult check_replicas_agree(const std::vector<BackendUpdate>& run, size_t e
   // lowest group's, element by element and exactly.
   for (size_t u = 0; u < run.size(); ++u)
     for (const ReplicaCopy& c : run[u].other_replicas)
-      for (auto [kind, mine, primary] : {std::tuple{"gradient", &c.grads, &run[u].grads},
-                                         {"parameters", &c.params_after, &run[u].params_after}})
+      for (auto [kind, mine, primary] :
+           {std::tuple{"gradient", &c.grads, &run[u].grads}, {"parameters", &c.params_after, &run[u].params_after}})
         for (const auto& [name, t] : *mine) {
           auto it = primary->find(name);
           if (it == primary->end()) continue;
@@ -237,8 +237,10 @@ CheckResult check_replicas_agree(const std::vector<BackendUpdate>& run, size_t e
           ++wrong;
           if (!detail.empty()) continue;
           detail = "update " + std::to_string(u) + " " + name + " (" + kind + "): replica group " +
-                   std::to_string(c.replica) + " (" + c.files + ") holds other values than the lowest group, first at "
-                   "element " + std::to_string(first) + ": " + num(a[first]) + " vs " + num(b[first]);
+                   std::to_string(c.replica) + " (" + c.files +
+                   ") holds other values than the lowest group, first at "
+                   "element " +
+                   std::to_string(first) + ": " + num(a[first]) + " vs " + num(b[first]);
         }
   if (compared == 0)
     return {id, Verdict::Skip, 0, 0,
@@ -398,8 +400,9 @@ CheckResult check_rank_sums(const std::vector<ReferenceUpdate>& ref, const std::
         if (dev > 0 && first_bad.empty())
           first_bad = where + ": valid_targets " + std::to_string(r.valid_targets) + ", the recount of its ids is " +
                       std::to_string(n);
-        if (dev > c.figure) c.figure = dev, c.detail = where + ": valid_targets " + std::to_string(r.valid_targets) +
-                                                       " vs recount " + std::to_string(n);
+        if (dev > c.figure)
+          c.figure = dev,
+          c.detail = where + ": valid_targets " + std::to_string(r.valid_targets) + " vs recount " + std::to_string(n);
       }
       if (r.has_loss_sum && u < ref.size() && static_cast<size_t>(r.dp_rank) < ref[u].rank_loss_sums.size()) {
         const double S = ref[u].rank_loss_sums[r.dp_rank];
@@ -407,7 +410,8 @@ CheckResult check_rank_sums(const std::vector<ReferenceUpdate>& ref, const std::
         any = sums = true;
         if (!(rel <= tolerance) && first_bad.empty())
           first_bad = where + ": loss_sum " + num(r.loss_sum) + ", the reference's S_r is " + num(S);
-        if (!(rel <= c.figure)) c.figure = rel, c.detail = where + ": loss_sum " + num(r.loss_sum) + " vs reference " + num(S);
+        if (!(rel <= c.figure))
+          c.figure = rel, c.detail = where + ": loss_sum " + num(r.loss_sum) + " vs reference " + num(S);
       }
     }
   if (!any) {
@@ -415,9 +419,11 @@ CheckResult check_rank_sums(const std::vector<ReferenceUpdate>& ref, const std::
     return c;
   }
   c.verdict = first_bad.empty() ? Verdict::Pass : Verdict::Fail;
-  if (!first_bad.empty()) c.detail = "first: " + first_bad + "; worst: " + c.detail;
-  else c.detail = std::string("every rank's valid_targets") + (sums ? " and loss_sum" : "") + " match" +
-                  (sums ? "" : " (loss sums not checked: the reference has no per-rank sums)");
+  if (!first_bad.empty())
+    c.detail = "first: " + first_bad + "; worst: " + c.detail;
+  else
+    c.detail = std::string("every rank's valid_targets") + (sums ? " and loss_sum" : "") + " match" +
+               (sums ? "" : " (loss sums not checked: the reference has no per-rank sums)");
   return c;
 }
 
@@ -459,8 +465,9 @@ bool always(const CheckInput&) { return true; }
 const std::vector<ReferenceUpdate>& judged(const CheckInput& in) { return in.forced ? *in.forced : *in.reference; }
 
 // A check against judged(in), its tolerance set from that reference's noise floor.
-CheckResult floored(const CheckInput& in, double UpdateFloor::*what, double calibrated,
-                    CheckResult (*check)(const std::vector<ReferenceUpdate>&, const std::vector<BackendUpdate>&, double)) {
+CheckResult floored(const CheckInput& in, double UpdateFloor::* what, double calibrated,
+                    CheckResult (*check)(const std::vector<ReferenceUpdate>&, const std::vector<BackendUpdate>&,
+                                         double)) {
   const auto& ref = judged(in);
   const FloorTolerance t = floor_tolerance(ref, what, calibrated, in.floor_factor);
   return with_floor(check(ref, *in.run, t.tolerance), t, calibrated, in.floor_factor);
@@ -480,21 +487,18 @@ const std::vector<CheckEntry>& check_table() {
       {"ranks.local_sums", "each rank's valid_targets = the recount of its ids; its loss_sum = the reference's S_r",
        [](const CheckInput& in) { return in.targets_of_id != nullptr; },
        [](const CheckInput& in) { return check_rank_sums(judged(in), *in.run, *in.targets_of_id, in.tolerance); }},
-      {"loss.global_mean", "the backend's loss = the global token mean at its own parameters (relative error)",
-       always,
-       [](const CheckInput& in) {
-         return floored(in, &UpdateFloor::loss, in.tolerance, check_global_mean_loss);
-       }},
-      {"grad.parity", "per tensor and update, relative L2 error of the gradient vs the reference at the stack's parameters",
-       always,
+      {"loss.global_mean", "the backend's loss = the global token mean at its own parameters (relative error)", always,
+       [](const CheckInput& in) { return floored(in, &UpdateFloor::loss, in.tolerance, check_global_mean_loss); }},
+      {"grad.parity",
+       "per tensor and update, relative L2 error of the gradient vs the reference at the stack's parameters", always,
        [](const CheckInput& in) { return floored(in, &UpdateFloor::grad, in.tolerance, check_grad_parity); }},
       {"grad.scale", "per update, <g, g_ref> / <g_ref, g_ref> = 1: catches scale errors below the L2 noise", always,
        [](const CheckInput& in) {
          if (!(in.scale_tolerance > 0)) return check_grad_scale(judged(in), *in.run, in.scale_tolerance);
          return floored(in, &UpdateFloor::scale, in.scale_tolerance, check_grad_scale);
        }},
-      {"params.parity", "per tensor and update, relative L2 error of the parameters after one step from the stack's own",
-       always,
+      {"params.parity",
+       "per tensor and update, relative L2 error of the parameters after one step from the stack's own", always,
        [](const CheckInput& in) { return floored(in, &UpdateFloor::params, in.tolerance, check_params_parity); }},
       {"params.trajectory", "per tensor, after every update, the parameters vs the free-running reference's trajectory",
        always,

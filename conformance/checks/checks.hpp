@@ -44,8 +44,7 @@ CheckResult check_params_trajectory(const std::vector<ReferenceUpdate>& free_run
 /// of). A tensor missing on the backend's side, or one that cannot be compared (shape), reads
 /// infinity; updates past the shorter of the two lists are left out. Reference order
 /// (by name); the report orders them as the model does.
-std::vector<TensorFigure> tensor_errors(const std::vector<ReferenceUpdate>& ref,
-                                        const std::vector<BackendUpdate>& run);
+std::vector<TensorFigure> tensor_errors(const std::vector<ReferenceUpdate>& ref, const std::vector<BackendUpdate>& run);
 
 /// memory.lower_bound: measured model-state bytes (exact storage sum) hold at least the
 /// estimate's model_state() and at most 2% more. Figure: (measured - estimate) / estimate.
@@ -94,9 +93,9 @@ struct CheckInput {
   /// the reference measured one (NOTE [noise floor]).
   double floor_factor = 10;
   const std::vector<BackendUpdate>* run = nullptr;
-  double tolerance = 0;                        ///< the parity tolerance of the run's dtype
-  double scale_tolerance = 0;                  ///< grad.scale's (0: grad.scale skips)
-  const RunMemoryEvidence* memory = nullptr;   ///< null: the run measured no memory (external stacks)
+  double tolerance = 0;                       ///< the parity tolerance of the run's dtype
+  double scale_tolerance = 0;                 ///< grad.scale's (0: grad.scale skips)
+  const RunMemoryEvidence* memory = nullptr;  ///< null: the run measured no memory (external stacks)
   /// Valid targets of each dataset example by id (the recount ranks.local_sums holds ranks to).
   const std::vector<int64_t>* targets_of_id = nullptr;
 };
@@ -104,8 +103,8 @@ struct CheckInput {
 /// One row of the check table: its id, what it holds, when it applies, and the check.
 struct CheckEntry {
   std::string id;
-  std::string holds;                       ///< one line, as in docs/checks.md's check table
-  bool (*applies)(const CheckInput&);      ///< false: left out of the run's report
+  std::string holds;                   ///< one line, as in docs/checks.md's check table
+  bool (*applies)(const CheckInput&);  ///< false: left out of the run's report
   CheckResult (*run)(const CheckInput&);
 };
 /// The checks in report order. Adding a check: a function above, a row in checks.cpp, a

@@ -68,7 +68,9 @@ const std::vector<ObjectiveCandidate>& objective_candidates() {
       {"unshifted-count", "N counted on unshifted labels (one extra target per row)",
        [](const PieceMeta&, const UpdatePieces& w, int, int) { return inv(double(w.valid_targets + rows(w))); }},
       {"drop-partial-window", "the partial final window dropped (no gradient)",
-       [](const PieceMeta&, const UpdatePieces& w, int, int) { return w.partial ? 0.0 : inv(double(w.valid_targets)); }},
+       [](const PieceMeta&, const UpdatePieces& w, int, int) {
+         return w.partial ? 0.0 : inv(double(w.valid_targets));
+       }},
       {"micro-sum", "each microbatch's token mean, summed over the microsteps (the division by A missing)",
        [](const PieceMeta& p, const UpdatePieces&, int dp, int) { return inv(double(p.valid_targets)) / dp; }},
       {"local-unshifted-mean", "each rank's own token mean with N counted on unshifted labels, averaged over ranks",
@@ -81,8 +83,9 @@ const std::vector<ObjectiveCandidate>& objective_candidates() {
        [](const PieceMeta&, const UpdatePieces& w, int dp, int) { return inv(double(w.valid_targets)) / dp; }},
       // An accumulator that is stored once and then only read (DeepSpeed < 0.19 ZeRO-1/2 with
       // offload_optimizer, #7967): each microstep adds to the first one's copy, not to the sum.
-      {"first-and-last-microsteps", "each window's middle microsteps dropped: only its first and last microstep's "
-                                    "gradients kept (an accumulator stored once, then only read)",
+      {"first-and-last-microsteps",
+       "each window's middle microsteps dropped: only its first and last microstep's "
+       "gradients kept (an accumulator stored once, then only read)",
        [](const PieceMeta& p, const UpdatePieces& w, int, int) {
          return p.micro == 0 || p.micro == last_micro(w) ? inv(double(w.valid_targets)) : 0.0;
        }},
@@ -171,8 +174,10 @@ Diagnosis diagnose(const std::vector<UpdatePieces>& pieces, const std::vector<Re
   }
   size_t best = 0, second = cands.size() > 1 ? 1 : 0;
   for (size_t c = 0; c < cands.size(); ++c) {
-    if (worst[c] < worst[best]) second = best, best = c;
-    else if (c != best && (second == best || worst[c] < worst[second])) second = c;
+    if (worst[c] < worst[best])
+      second = best, best = c;
+    else if (c != best && (second == best || worst[c] < worst[second]))
+      second = c;
   }
   d.ran = true;
   for (size_t c = 0; c < cands.size(); ++c)
@@ -193,19 +198,21 @@ Diagnosis diagnose(const std::vector<UpdatePieces>& pieces, const std::vector<Re
   for (const auto& c : d.candidates)
     if (c.figure > d.best.figure * (1 + 1e-6) + 1e-300) rival = std::min(rival, c.figure);
   d.separated = !matched && d.best.figure * 1000 <= rival;
-  d.note = (matched ? "matches "
-            : d.separated ? "matches (beyond its own rounding) "
-                          : "matches no candidate within " + figure_text(tolerance) + "; closest ") + d.best.id +
-           " (" + d.best.description + ") at " + figure_text(d.best.figure) +
-           "; runner-up " + d.runner_up.id + " at " + figure_text(d.runner_up.figure) +
-           (teacher_forced ? " (judged on updates " + judged + ", each from the stack's own parameters)"
-                           : " (judged on updates " + judged + ": those the stack started from the reference's parameters)");
+  d.note =
+      (matched       ? "matches "
+       : d.separated ? "matches (beyond its own rounding) "
+                     : "matches no candidate within " + figure_text(tolerance) + "; closest ") +
+      d.best.id + " (" + d.best.description + ") at " + figure_text(d.best.figure) + "; runner-up " + d.runner_up.id +
+      " at " + figure_text(d.runner_up.figure) +
+      (teacher_forced ? " (judged on updates " + judged + ", each from the stack's own parameters)"
+                      : " (judged on updates " + judged + ": those the stack started from the reference's parameters)");
   // Where the updates disagree (e.g. a partial final window handled otherwise), say so.
   bool mixed = false;
   for (const auto& u : d.per_update) mixed = mixed || u.id != d.per_update.front().id;
   if (mixed) {
     d.note += "; per update:";
-    for (const auto& u : d.per_update) d.note += " " + std::to_string(u.worst_update) + " " + u.id + " " + figure_text(u.figure);
+    for (const auto& u : d.per_update)
+      d.note += " " + std::to_string(u.worst_update) + " " + u.id + " " + figure_text(u.figure);
   }
   return d;
 }

@@ -77,26 +77,30 @@ CheckResult check_sample_ledger(const Plan& plan, int64_t dataset_size, const st
     for (const auto& [sid, who] : uses) {
       if (who.size() < 2) continue;
       dup.push_back(sid), wrong += static_cast<int64_t>(who.size()) - 1;
-      if (dup.size() <= 3) where += std::string(dup.size() > 1 ? "; " : "") + "id " + std::to_string(sid) + " by " + uses_text(who);
-      for (size_t i = 1; i < who.size(); ++i) repeats_at_epoch_end &= last_of_epoch(plan, static_cast<size_t>(who[i].update));
+      if (dup.size() <= 3)
+        where += std::string(dup.size() > 1 ? "; " : "") + "id " + std::to_string(sid) + " by " + uses_text(who);
+      for (size_t i = 1; i < who.size(); ++i)
+        repeats_at_epoch_end &= last_of_epoch(plan, static_cast<size_t>(who[i].update));
     }
     if (epoch < complete_epochs)
       for (int64_t sid = 0; sid < dataset_size; ++sid)
         if (!uses.count(sid)) missing.push_back(sid), ++wrong;
     if (!dup.empty())
-      problems.push_back("epoch " + std::to_string(epoch) + ": ids " + ids_text(dup) + " consumed more than once (" + where +
-                         (dup.size() > 3 ? "; ..." : "") + ")" +
-                         (repeats_at_epoch_end ? ": every repeat falls in the epoch's last window, as a sampler that pads "
-                                                 "the epoch to a multiple of the world by repeating examples does "
-                                                 "(DistributedSampler(drop_last=False); drop_last=True drops them instead)"
-                                               : ""));
-    if (!missing.empty()) problems.push_back("epoch " + std::to_string(epoch) + ": ids " + ids_text(missing) + " never consumed");
+      problems.push_back("epoch " + std::to_string(epoch) + ": ids " + ids_text(dup) + " consumed more than once (" +
+                         where + (dup.size() > 3 ? "; ..." : "") + ")" +
+                         (repeats_at_epoch_end
+                              ? ": every repeat falls in the epoch's last window, as a sampler that pads "
+                                "the epoch to a multiple of the world by repeating examples does "
+                                "(DistributedSampler(drop_last=False); drop_last=True drops them instead)"
+                              : ""));
+    if (!missing.empty())
+      problems.push_back("epoch " + std::to_string(epoch) + ": ids " + ids_text(missing) + " never consumed");
   }
   std::string detail;
   for (size_t i = 0; i < problems.size(); ++i) detail += (i ? "; " : "") + problems[i];
   if (detail.empty())
-    detail = "each of " + std::to_string(dataset_size) + " examples once per epoch (" + std::to_string(complete_epochs) +
-             " complete)";
+    detail = "each of " + std::to_string(dataset_size) + " examples once per epoch (" +
+             std::to_string(complete_epochs) + " complete)";
   return {id, wrong == 0 ? Verdict::Pass : Verdict::Fail, static_cast<double>(wrong), 0, detail};
 }
 

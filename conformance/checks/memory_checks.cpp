@@ -18,9 +18,8 @@ CheckResult check_memory_lower_bound(int64_t measured, int64_t estimate) {
   }
   const double m = static_cast<double>(measured), e = static_cast<double>(estimate);
   c.figure = (m - e) / e;
-  const std::string figures =
-      "measured " + std::to_string(measured) + " B (" + human_bytes(m) + "), estimate " + std::to_string(estimate) +
-      " B (" + human_bytes(e) + ")";
+  const std::string figures = "measured " + std::to_string(measured) + " B (" + human_bytes(m) + "), estimate " +
+                              std::to_string(estimate) + " B (" + human_bytes(e) + ")";
   if (m < e * (1 - 1e-12)) {
     c.verdict = Verdict::Fail;
     c.detail = figures + ": below the lower bound (the recipe does not describe this run, or state is missing)";

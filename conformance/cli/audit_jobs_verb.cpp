@@ -19,10 +19,11 @@ Verb add_audit_jobs_verb(CLI::App& app, CommonOptions& o) {
     double timeout_s = 1800;
   };
   auto a = std::make_shared<Args>();
-  auto* cmd = app.add_subcommand("audit-jobs",
-                                 "migration audit of your own two jobs: observe both launch commands (each with its one "
-                                 "gradcert line), certify each, compare them update by update and tensor by tensor");
-  cmd->add_option("--before", a->before, "the job before the migration: its launch command, as one shell word")->required();
+  auto* cmd = app.add_subcommand(
+      "audit-jobs", "migration audit of your own two jobs: observe both launch commands (each with its one "
+                    "gradcert line), certify each, compare them update by update and tensor by tensor");
+  cmd->add_option("--before", a->before, "the job before the migration: its launch command, as one shell word")
+      ->required();
   cmd->add_option("--after", a->after, "the job after the migration (e.g. its FSDP2 port)")->required();
   cmd->add_option("--updates", a->updates, "K: the first K optimizer updates of each job")->capture_default_str();
   cmd->add_option("--timeout", a->timeout_s, "seconds each job may run until its K-th update")->capture_default_str();
@@ -33,7 +34,8 @@ Verb add_audit_jobs_verb(CLI::App& app, CommonOptions& o) {
   return {cmd, [&o, a] {
             install_interrupt_handlers();
             JobAuditRequest req;
-            for (auto [side, command] : {std::pair<ObserveRequest*, std::string*>{&req.before, &a->before}, {&req.after, &a->after}}) {
+            for (auto [side, command] :
+                 {std::pair<ObserveRequest*, std::string*>{&req.before, &a->before}, {&req.after, &a->after}}) {
               side->argv = {"/bin/sh", "-c", *command};
               side->updates = a->updates;
               side->timeout_s = a->timeout_s;

@@ -22,7 +22,9 @@ Verb add_check_verb(CLI::App& app, CommonOptions& o) {
   auto c = std::make_shared<CheckOptions>();
   auto* cmd = app.add_subcommand("check", "check the artifacts already in a run folder again, launching no rank "
                                           "(the reference is recomputed)");
-  cmd->add_option("RUN_DIR", c->run_dir, "a run folder `gradcert run` or `gradcert observe` made (<report>/runs/<name>/)")->required();
+  cmd->add_option("RUN_DIR", c->run_dir,
+                  "a run folder `gradcert run` or `gradcert observe` made (<report>/runs/<name>/)")
+      ->required();
   cmd->add_option("--out", o.out, "report folder (default: reports/out/<timestamp>)");
   cmd->add_option("--spec", c->spec_path,
                   "check on this spec instead of the folder's spec.json (e.g. other tolerances); its plan must "

@@ -44,8 +44,7 @@ void resolve_device_option(int argc, char** argv, CommonOptions& o) {
     try {
       device = load_spec(spec_path).device;  // a bad spec is reported by the verb, as before
       what = spec_path + ": device";
-    } catch (const std::exception&) {
-    }
+    } catch (const std::exception&) {}
   }
   if (device.empty()) device = "cpu";
   o.device_resolved = resolve_device(device, what);

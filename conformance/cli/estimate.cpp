@@ -51,10 +51,12 @@ MemoryEstimate make_estimate(const EstimateOptions& o) {
   }
   EstimateInput in;
   int world = o.world > 0 ? o.world : 1, tp = o.tp > 0 ? o.tp : 1, pp = o.pp > 0 ? o.pp : 1;
-  if (!(o.params > 0)) throw std::invalid_argument("--params: must be a positive parameter count (or give --model SPEC.json)");
+  if (!(o.params > 0))
+    throw std::invalid_argument("--params: must be a positive parameter count (or give --model SPEC.json)");
   in.params = count(o.params, "--params");
   if (!o.recipe.empty()) in.recipe = recipe_by_name(o.recipe);
-  in.strategy = o.strategy.empty() ? (world == 1 ? Sharding::Single : Sharding::DDP) : strategy_info(o.strategy).sharding;
+  in.strategy =
+      o.strategy.empty() ? (world == 1 ? Sharding::Single : Sharding::DDP) : strategy_info(o.strategy).sharding;
   // An unset --tp (--pp) under the tp (pp) strategy: every rank not in the other degree.
   if (in.strategy == Sharding::TP && o.tp == 0) tp = std::max(1, world / pp);
   if (in.strategy == Sharding::PP && o.pp == 0) pp = std::max(1, world / tp);
@@ -92,8 +94,11 @@ CLI::App* add_estimate_command(CLI::App& app, int& exit_code) {
   cmd->callback([opts, &exit_code, world, tp, pp] {
     try {
       // Given counts must be >= 1 (0 would silently read as "unset").
-      const struct { CLI::Option* opt; const char* name; int value; } given[] = {
-          {world, "--world", opts->world}, {tp, "--tp", opts->tp}, {pp, "--pp", opts->pp}};
+      const struct {
+        CLI::Option* opt;
+        const char* name;
+        int value;
+      } given[] = {{world, "--world", opts->world}, {tp, "--tp", opts->tp}, {pp, "--pp", opts->pp}};
       for (const auto& g : given)
         if (g.opt->count() > 0 && g.value < 1)
           throw std::invalid_argument(std::string(g.name) + ": must be >= 1, got " + std::to_string(g.value));

@@ -34,9 +34,9 @@ std::map<std::string, std::string> golden_lines(const std::string& text) {
 
 Verb add_findings_verb(CLI::App& app) {
   auto o = std::make_shared<FindingsOptions>();
-  auto* cmd = app.add_subcommand("findings",
-                                 "write findings.json / findings.md of a scripts/certify-stacks folder and compare "
-                                 "them with the approved goldens");
+  auto* cmd =
+      app.add_subcommand("findings", "write findings.json / findings.md of a scripts/certify-stacks folder and compare "
+                                     "them with the approved goldens");
   cmd->add_option("dir", o->dir, "the certify-stacks output folder (with entries/*.json)")->required();
   cmd->add_option("--golden", o->golden, "approved findings (golden/stacks/findings.txt): exit 1 on any difference");
   cmd->add_flag("--approve", o->approve, "with --golden: write this run's lines into it (merged by id)");
@@ -75,8 +75,8 @@ Verb add_findings_verb(CLI::App& app) {
                 ++differ;
               }
             }
-            std::cout << (differ ? "# findings differ from " : "# findings equal ") << o->golden << " ("
-                      << now.size() << " compared, " << differ << " differ)\n";
+            std::cout << (differ ? "# findings differ from " : "# findings equal ") << o->golden << " (" << now.size()
+                      << " compared, " << differ << " differ)\n";
             return differ ? kCheckFailed : kPass;
           }};
 }

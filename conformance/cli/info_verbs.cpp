@@ -15,17 +15,20 @@ namespace gradcert {
 std::vector<Verb> add_info_verbs(CLI::App& app) {
   auto* spec_cmd = app.add_subcommand("spec", "print the built-in spec (every field with its default)");
   auto* list_cmd = app.add_subcommand("backends", "list the built-in backends and their mutants");
-  auto* dev_cmd = app.add_subcommand("devices", "what --device can use here: cpu, and cuda with its device count or why not");
+  auto* dev_cmd =
+      app.add_subcommand("devices", "what --device can use here: cpu, and cuda with its device count or why not");
   return {{spec_cmd,
            [] {
              std::cout << spec_to_json(Spec{}) << "\n";
              return kPass;
            }},
-          {list_cmd, [] {
+          {list_cmd,
+           [] {
              for (const auto& b : backend_names()) {
                std::cout << b << "\n";
                for (const auto& m : mutant_names(b))
-                 std::cout << "  --inject " << m << (needs_resume(parse_mutant(m)) ? "  (with --resume-at K)" : "") << "\n";
+                 std::cout << "  --inject " << m << (needs_resume(parse_mutant(m)) ? "  (with --resume-at K)" : "")
+                           << "\n";
              }
              return kPass;
            }},

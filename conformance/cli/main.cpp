@@ -20,8 +20,9 @@ int dispatch(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_version_flag("--version", version_text());
   CommonOptions o;
-  std::vector<Verb> verbs = {add_run_verb(app, o), add_observe_verb(app, o), add_check_verb(app, o), add_plan_verb(app, o),
-                             add_certify_verb(app, o), add_audit_verb(app, o), add_audit_jobs_verb(app, o)};
+  std::vector<Verb> verbs = {add_run_verb(app, o),       add_observe_verb(app, o), add_check_verb(app, o),
+                             add_plan_verb(app, o),      add_certify_verb(app, o), add_audit_verb(app, o),
+                             add_audit_jobs_verb(app, o)};
   for (auto& v : add_info_verbs(app)) verbs.push_back(std::move(v));
   verbs.push_back(add_findings_verb(app));
   verbs.push_back(add_worker_verb(app));

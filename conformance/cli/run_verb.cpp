@@ -82,9 +82,9 @@ Verb add_run_verb(CLI::App& app, CommonOptions& o) {
             Report report;
             report.spec_json = spec_to_json(planned.spec);
             report.runs.push_back(run_backend(planned));
-            report.environment =
-                make_environment(req.spec.seed, planned.spec.topology.world(), req.launcher,
-                                 device_summary(planned.spec, planned.spec.topology.world(), req.backend != kExternalBackend));
+            report.environment = make_environment(
+                req.spec.seed, planned.spec.topology.world(), req.launcher,
+                device_summary(planned.spec, planned.spec.topology.world(), req.backend != kExternalBackend));
             return finish(report, dir);
           }};
 }

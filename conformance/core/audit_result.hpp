@@ -40,32 +40,32 @@ struct AuditUpdate {
   int64_t batch_before = 0, batch_after = 0;  ///< examples consumed (B_update or the partial window)
   int64_t n_before = 0, n_after = 0;          ///< the N each stack used
   double loss_before = 0, loss_after = 0;
-  double step_before = 0, step_after = 0;     ///< seconds
+  double step_before = 0, step_after = 0;  ///< seconds
 };
 
 /// What one side's manifest says beyond the protocol's required keys.
 struct AuditSideFacts {
-  std::string manifest_backend;                ///< manifest "backend"
-  std::map<std::string, std::string> versions; ///< manifest "versions" (adapters)
-  std::string notes;                           ///< manifest "notes" (adapters)
+  std::string manifest_backend;                 ///< manifest "backend"
+  std::map<std::string, std::string> versions;  ///< manifest "versions" (adapters)
+  std::string notes;                            ///< manifest "notes" (adapters)
   double step_seconds_median = 0;
-  std::optional<double> peak_memory_bytes;     ///< manifest "peak_memory_bytes" (external stacks), or the
-                                               ///< worst phase peak of a built-in run (RunReport::memory)
-  std::optional<double> model_state_bytes;     ///< built-in: measured model state (RunReport::memory);
-                                               ///< external: manifest "model_state_bytes" (worst rank)
-  std::string peak_memory_kind;                ///< what the peak measures ("tracked tensor peak", or the
-                                               ///< manifest's "peak_memory_kind")
-  std::optional<double> target_tokens_per_s;   ///< built-in: RunReport::throughput
+  std::optional<double> peak_memory_bytes;    ///< manifest "peak_memory_bytes" (external stacks), or the
+                                              ///< worst phase peak of a built-in run (RunReport::memory)
+  std::optional<double> model_state_bytes;    ///< built-in: measured model state (RunReport::memory);
+                                              ///< external: manifest "model_state_bytes" (worst rank)
+  std::string peak_memory_kind;               ///< what the peak measures ("tracked tensor peak", or the
+                                              ///< manifest's "peak_memory_kind")
+  std::optional<double> target_tokens_per_s;  ///< built-in: RunReport::throughput
 };
 
 /// Something that commonly changes in such a migration, and whether this run exercises it.
 struct MigrationNote {
-  std::string id;      ///< "reduce-dtype", "divide-factor", "grad-sync", "state-dict", "flat-params", ...
+  std::string id;  ///< "reduce-dtype", "divide-factor", "grad-sync", "state-dict", "flat-params", ...
   std::string topic;
   std::string before;  ///< how the before side does it
   std::string after;   ///< how the after side does it
   bool applies = false;
-  std::string why;     ///< why it is / is not exercised by this run (and where it would show)
+  std::string why;  ///< why it is / is not exercised by this run (and where it would show)
 };
 
 struct AuditReport {
@@ -74,9 +74,9 @@ struct AuditReport {
   AuditSide before_side, after_side;
   RunReport before, after;
   AuditSideFacts before_facts, after_facts;
-  double tolerance = 0;                  ///< the spec's parity tolerance (per dtype)
+  double tolerance = 0;  ///< the spec's parity tolerance (per dtype)
   std::vector<AuditUpdate> updates;
-  std::vector<AuditTensorDiff> diffs;    ///< per update, per tensor
+  std::vector<AuditTensorDiff> diffs;  ///< per update, per tensor
   std::vector<MigrationNote> notes;
   std::string memory;                    ///< memory side by side, or why it is not shown
   std::vector<std::string> differences;  ///< empty: the migration preserves training semantics

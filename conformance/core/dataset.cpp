@@ -23,13 +23,11 @@ int64_t Sample::valid_targets() const {
 Sample make_sample(const Spec& spec, int64_t id) {
   const auto& d = spec.dataset;
   if (id < 0 || id >= d.size)
-    throw std::out_of_range("sample id " + std::to_string(id) + " outside the dataset [0, " +
-                            std::to_string(d.size) + ")");
+    throw std::out_of_range("sample id " + std::to_string(id) + " outside the dataset [0, " + std::to_string(d.size) +
+                            ")");
   const uint64_t base = mix64(spec.seed ^ mix64(0xD5A7ULL + static_cast<uint64_t>(id)));
   auto draw = [&](uint64_t k) { return unit_from(base + k); };
-  auto between = [&](uint64_t k, int lo, int hi) {
-    return lo + static_cast<int>(std::floor(draw(k) * (hi - lo + 1)));
-  };
+  auto between = [&](uint64_t k, int lo, int hi) { return lo + static_cast<int>(std::floor(draw(k) * (hi - lo + 1))); };
 
   Sample s;
   s.id = id;

@@ -19,10 +19,10 @@ enum class LengthBucket { Short, Typical, Long };
 struct Sample {
   int64_t id = 0;
   LengthBucket bucket = LengthBucket::Typical;
-  int prompt_len = 0;              ///< leading tokens whose successors are not targets
-  std::vector<int64_t> tokens;     ///< input ids, no padding, all in [1, vocab)
-  std::vector<int64_t> labels;     ///< labels[t] = tokens[t+1] or kIgnoreIndex
-  int64_t valid_targets() const;   ///< labels != kIgnoreIndex
+  int prompt_len = 0;             ///< leading tokens whose successors are not targets
+  std::vector<int64_t> tokens;    ///< input ids, no padding, all in [1, vocab)
+  std::vector<int64_t> labels;    ///< labels[t] = tokens[t+1] or kIgnoreIndex
+  int64_t valid_targets() const;  ///< labels != kIgnoreIndex
 };
 
 /// Example `id` of the spec's dataset (0 <= id < dataset.size). Deterministic: any rank

@@ -121,7 +121,7 @@ ArtifactFile::ArtifactFile(const std::string& path, uint64_t max_bytes) : path_(
     throw ArtifactError(path + ": cannot be opened: " + std::strerror(err));
   }
   try {
-    struct stat st {};
+    struct stat st{};
     if (::fstat(fd_, &st) != 0) throw ArtifactError(path + ": cannot stat: " + std::strerror(errno));
     if (!S_ISREG(st.st_mode)) throw ArtifactError(path + ": not a regular file (" + file_kind(st.st_mode) + ")");
     if (st.st_nlink > 1)

@@ -41,8 +41,10 @@ std::string xml_escape(const std::string& s) {
       case '"': o += "&quot;"; break;
       case '\'': o += "&apos;"; break;
       default:
-        if (static_cast<unsigned char>(ch) < 0x20 && ch != '\n' && ch != '\t') o += ' ';
-        else o += ch;
+        if (static_cast<unsigned char>(ch) < 0x20 && ch != '\n' && ch != '\t')
+          o += ' ';
+        else
+          o += ch;
     }
   return o;
 }

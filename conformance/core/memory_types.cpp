@@ -42,7 +42,8 @@ Sharding parse_sharding(const std::string& name) {
   for (auto s : {Sharding::Single, Sharding::DDP, Sharding::ZeRO1, Sharding::ZeRO2, Sharding::ZeRO3, Sharding::FSDP,
                  Sharding::TP, Sharding::PP})
     if (sharding_name(s) == name) return s;
-  throw std::invalid_argument("unknown strategy '" + name + "' (known: single, ddp, zero1, zero2, zero3, fsdp, tp, pp)");
+  throw std::invalid_argument("unknown strategy '" + name +
+                              "' (known: single, ddp, zero1, zero2, zero3, fsdp, tp, pp)");
 }
 
 }  // namespace gradcert

@@ -35,25 +35,25 @@ Sharding parse_sharding(const std::string& name);
 
 /// What an estimate is a function of. Counts are parameters, not bytes.
 struct EstimateInput {
-  int64_t params = 0;              ///< every parameter (for LoRA: base + adapters)
-  int64_t trainable = -1;          ///< -1: all (full fine-tuning); else LoRA adapters only
-  Recipe recipe;                   ///< default: mixed-adam (the seed's)
+  int64_t params = 0;      ///< every parameter (for LoRA: base + adapters)
+  int64_t trainable = -1;  ///< -1: all (full fine-tuning); else LoRA adapters only
+  Recipe recipe;           ///< default: mixed-adam (the seed's)
   Sharding strategy = Sharding::Single;
-  int world = 1;                   ///< ranks = dp x tp x pp
-  int tp = 1, pp = 1;              ///< model-parallel degrees (1 = none)
-  int64_t layer_params = -1;       ///< parameters TP splits (inside the blocks); -1: all
-  int64_t largest_unit_params = 0; ///< ZeRO-3 / FSDP: the largest unit gathered at once
-  int64_t stage_params = -1;       ///< PP: this rank's stage when the layout is known (-1: the average stage)
+  int world = 1;                    ///< ranks = dp x tp x pp
+  int tp = 1, pp = 1;               ///< model-parallel degrees (1 = none)
+  int64_t layer_params = -1;        ///< parameters TP splits (inside the blocks); -1: all
+  int64_t largest_unit_params = 0;  ///< ZeRO-3 / FSDP: the largest unit gathered at once
+  int64_t stage_params = -1;        ///< PP: this rank's stage when the layout is known (-1: the average stage)
 };
 
 /// Per-rank model-state bytes by component, for the rank that holds the most.
 struct MemoryEstimate {
   EstimateInput input;
-  int dp = 1;                    ///< data-parallel degree world / (tp x pp)
-  int64_t rank_params = 0;       ///< parameters this rank's model part has (after TP, PP)
-  int64_t rank_trainable = 0;    ///< of which trainable
+  int dp = 1;                  ///< data-parallel degree world / (tp x pp)
+  int64_t rank_params = 0;     ///< parameters this rank's model part has (after TP, PP)
+  int64_t rank_trainable = 0;  ///< of which trainable
   int64_t weights = 0, grads = 0, master = 0, moments = 0;
-  int64_t gathered_unit = 0;     ///< ZeRO-3 / FSDP: unsharded weights + grads of the largest unit
+  int64_t gathered_unit = 0;          ///< ZeRO-3 / FSDP: unsharded weights + grads of the largest unit
   std::vector<std::string> formulas;  ///< one line per component: how it was computed
   std::vector<std::string> excluded;  ///< what the bound leaves out, in words
 
@@ -67,11 +67,11 @@ struct MemoryEstimate {
 /// rank for one length bucket.
 struct PhasePeak {
   int rank = 0;
-  std::string bucket;             ///< "short" | "typical" | "long"
+  std::string bucket;  ///< "short" | "typical" | "long"
   std::string phase;
-  std::string device = "cpu";     ///< what peak_bytes measures: "cpu" (tracked) or "cuda:N"
-  int64_t peak_bytes = 0;         ///< tracked (CPU) or allocated (CUDA) peak during the phase
-  int64_t current_bytes = 0;      ///< live bytes when the phase ended
+  std::string device = "cpu";  ///< what peak_bytes measures: "cpu" (tracked) or "cuda:N"
+  int64_t peak_bytes = 0;      ///< tracked (CPU) or allocated (CUDA) peak during the phase
+  int64_t current_bytes = 0;   ///< live bytes when the phase ended
   double seconds = 0;
   int64_t process_high_water_bytes = -1;  ///< VmHWM when the phase ended (-1: unknown)
   int64_t reserved_peak_bytes = -1;       ///< CUDA caching allocator reserved peak (-1: n/a)

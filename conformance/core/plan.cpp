@@ -12,14 +12,12 @@ int data_parallel_degree(int world, int tp, int pp) {
   if (tp < 1) throw SpecError("topology.tp", "must be >= 1");
   if (pp < 1) throw SpecError("topology.pp", "must be >= 1");
   if (world < 1 || world % (tp * pp) != 0)
-    throw SpecError("topology", "world " + std::to_string(world) + " is not a multiple of TP x PP = " +
-                                    std::to_string(tp * pp));
+    throw SpecError("topology",
+                    "world " + std::to_string(world) + " is not a multiple of TP x PP = " + std::to_string(tp * pp));
   return world / (tp * pp);
 }
 
-int64_t update_batch_size(int micro, int accum, int dp) {
-  return static_cast<int64_t>(micro) * accum * dp;
-}
+int64_t update_batch_size(int micro, int accum, int dp) { return static_cast<int64_t>(micro) * accum * dp; }
 
 namespace {
 
@@ -90,7 +88,8 @@ Spec second_leg_spec(const Spec& spec) {
   const int world = spec.resume.world ? spec.resume.world : spec.topology.world();
   const int64_t B = update_batch_size(spec.batch.micro, spec.batch.accum, spec.topology.dp);
   if (world % (tp * pp) != 0)
-    throw SpecError("resume.world", std::to_string(world) + " is not a multiple of TP x PP = " + std::to_string(tp * pp));
+    throw SpecError("resume.world",
+                    std::to_string(world) + " is not a multiple of TP x PP = " + std::to_string(tp * pp));
   const int dp = world / (tp * pp);
   s.topology.dp = dp;
   const std::string keep = "B_update " + std::to_string(B) + " (" + std::to_string(spec.batch.micro) + " x " +
@@ -100,8 +99,8 @@ Spec second_leg_spec(const Spec& spec) {
     s.batch.accum = spec.resume.accum ? spec.resume.accum : static_cast<int>(B / (int64_t(s.batch.micro) * dp));
     if (update_batch_size(s.batch.micro, s.batch.accum, dp) != B)
       throw SpecError(spec.resume.micro ? "resume.micro" : "resume.accum",
-                      std::to_string(s.batch.micro) + " x " + std::to_string(s.batch.accum) + " x " + std::to_string(dp) +
-                          " does not keep the first leg's " + keep);
+                      std::to_string(s.batch.micro) + " x " + std::to_string(s.batch.accum) + " x " +
+                          std::to_string(dp) + " does not keep the first leg's " + keep);
   } else if (B % (int64_t(spec.batch.micro) * dp) == 0) {
     s.batch.accum = static_cast<int>(B / (int64_t(spec.batch.micro) * dp));
   } else if (B % (int64_t(spec.batch.accum) * dp) == 0) {
@@ -129,8 +128,8 @@ Plan resumed_plan(const Spec& spec, const Plan& first, const Plan& q) {
 std::string plan_to_text(const Plan& p) {
   std::ostringstream o;
   o << "# plan: D=" << p.dp << " TP=" << p.tp << " PP=" << p.pp << " B_micro=" << p.micro << " A=" << p.accum
-    << " B_update=" << p.update_batch << " (" << p.micro << "x" << p.accum << "x" << p.dp
-    << "), windows per epoch " << p.windows_per_epoch << "\n";
+    << " B_update=" << p.update_batch << " (" << p.micro << "x" << p.accum << "x" << p.dp << "), windows per epoch "
+    << p.windows_per_epoch << "\n";
   for (const auto& w : p.windows) {
     o << "update " << w.update << "  epoch " << w.epoch << "  examples " << w.ids.size() << "/" << p.update_batch
       << (w.partial ? " (partial)" : "") << "  N=" << w.valid_targets << "\n";
@@ -159,8 +158,12 @@ std::string plan_to_json(const Plan& p, const Spec& spec) {
                          {"valid_targets", w.slots[r][a].valid_targets}});
       ranks.push_back(micro);
     }
-    windows.push_back({{"update", w.update}, {"epoch", w.epoch}, {"partial", w.partial}, {"ids", w.ids},
-                       {"valid_targets", w.valid_targets}, {"slots", ranks}});
+    windows.push_back({{"update", w.update},
+                       {"epoch", w.epoch},
+                       {"partial", w.partial},
+                       {"ids", w.ids},
+                       {"valid_targets", w.valid_targets},
+                       {"slots", ranks}});
   }
   json j = {{"schema", "gradcert.plan/1"},
             {"spec", json::parse(spec_to_json(spec))},

@@ -17,7 +17,7 @@ struct Microbatch {
 
 /// One accumulation window = one optimizer update.
 struct Window {
-  int update = 0;            ///< global update index
+  int update = 0;  ///< global update index
   int epoch = 0;
   int index_in_epoch = 0;
   bool partial = false;      ///< fewer examples than B_update (the final window of an epoch)

@@ -49,20 +49,20 @@ struct TensorFigure {
 
 /// Where and with what a report was made.
 struct Environment {
-  std::string torch;     ///< torch version the ranks linked
+  std::string torch;  ///< torch version the ranks linked
   std::string device = "cpu";
-  int world = 1;         ///< the largest world in the report
+  int world = 1;  ///< the largest world in the report
   std::string launcher = "local";
-  std::string git;       ///< commit of the gradcert checkout ("unknown" outside git)
+  std::string git;  ///< commit of the gradcert checkout ("unknown" outside git)
   uint64_t seed = 0;
   std::string host;
-  std::string started;   ///< UTC, ISO 8601
+  std::string started;  ///< UTC, ISO 8601
 };
 
 /// One candidate objective and how far the stack's gradient is from it.
 struct DiagnosisCandidate {
   std::string id, description;
-  double figure = 0;       ///< worst update's ||g - g_candidate|| / ||g_correct||
+  double figure = 0;  ///< worst update's ||g - g_candidate|| / ||g_correct||
   int worst_update = -1;
 };
 /// Which objective a stack's gradient matches (conformance/checks/diagnosis.hpp).
@@ -79,7 +79,7 @@ struct Diagnosis {
   /// e.g. the full windows global-mean and the partial one drop-partial-window.
   std::vector<DiagnosisCandidate> per_update;
   bool teacher_forced = false;  ///< pieces at the stack's own parameters (every update judged)
-  std::string note;  ///< one line: "matches local-mean (...) at 3e-16; runner-up ...", or why none ran
+  std::string note;             ///< one line: "matches local-mean (...) at 3e-16; runner-up ...", or why none ran
 };
 
 /// One backend run (or a failed attempt at one) and its checks.
@@ -88,7 +88,7 @@ struct RunReport {
   TopologySpec topology;
   std::string dtype;
   std::string optimizer;
-  std::string inject;     ///< "" for the correct backend
+  std::string inject;  ///< "" for the correct backend
   /// A resumed run (NOTE [resume] in conformance/run/harness.cpp): the save after `resume_at`
   /// updates, and the second leg's strategy. 0: not resumed.
   int resume_at = 0;
@@ -97,8 +97,8 @@ struct RunReport {
   int updates = 0;
   int64_t update_batch = 0;
   std::vector<CheckResult> checks;
-  std::string error;      ///< set when the run itself failed (names the rank)
-  int interrupted = 0;    ///< SIGINT / SIGTERM stopped this run (NOTE [interrupt] in the launcher); 0 otherwise
+  std::string error;    ///< set when the run itself failed (names the rank)
+  int interrupted = 0;  ///< SIGINT / SIGTERM stopped this run (NOTE [interrupt] in the launcher); 0 otherwise
   std::string run_dir;
   /// The command that reruns this run where it is not `gradcert run ...` (an observed job:
   /// `gradcert observe ... -- CMD`); "" otherwise.

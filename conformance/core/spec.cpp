@@ -163,7 +163,8 @@ void validate_spec(const Spec& s) {
   range(s.dataset.typical_min, s.dataset.typical_max, "dataset.typical");
   range(s.dataset.long_min, s.dataset.long_max, "dataset.long");
   for (auto [v, f] : {std::pair{s.dataset.short_max, "dataset.short_max"},
-                      {s.dataset.typical_max, "dataset.typical_max"}, {s.dataset.long_max, "dataset.long_max"}})
+                      {s.dataset.typical_max, "dataset.typical_max"},
+                      {s.dataset.long_max, "dataset.long_max"}})
     if (v > s.model.max_len) throw SpecError(f, "exceeds model.max_len (" + std::to_string(s.model.max_len) + ")");
   share(s.dataset.short_share, "dataset.short_share");
   share(s.dataset.long_share, "dataset.long_share");
@@ -184,7 +185,8 @@ void validate_spec(const Spec& s) {
   if (!(s.optimizer.lr >= 0)) throw SpecError("optimizer.lr", "must be >= 0 (0: the optimizer's default)");
   if (!(s.optimizer.max_grad_norm >= 0) || !std::isfinite(s.optimizer.max_grad_norm))
     throw SpecError("optimizer.max_grad_norm", "must be a finite number >= 0 (0: no clipping)");
-  for (auto [v, f] : {std::pair{s.tolerance.float64, "tolerance.float64"}, {s.tolerance.float32, "tolerance.float32"},
+  for (auto [v, f] : {std::pair{s.tolerance.float64, "tolerance.float64"},
+                      {s.tolerance.float32, "tolerance.float32"},
                       {s.tolerance.bfloat16, "tolerance.bfloat16"},
                       {s.tolerance.scale_float64, "tolerance.scale_float64"},
                       {s.tolerance.scale_float32, "tolerance.scale_float32"},
@@ -199,13 +201,14 @@ void validate_spec(const Spec& s) {
   if (!(s.memory.budget_bytes >= 0)) throw SpecError("memory.budget_bytes", "must be >= 0 (0: no budget)");
   // resume.at < the plan's number of updates is the harness's check (it knows the plan).
   if (s.resume.at < 0) throw SpecError("resume.at", "must be >= 1 (updates before the save), or 0 for no resume");
-  for (auto [v, f] : {std::pair{s.resume.world, "resume.world"}, {s.resume.micro, "resume.micro"},
-                      {s.resume.accum, "resume.accum"}})
+  for (auto [v, f] :
+       {std::pair{s.resume.world, "resume.world"}, {s.resume.micro, "resume.micro"}, {s.resume.accum, "resume.accum"}})
     if (v < 0) throw SpecError(f, "must be >= 1, or 0 for the first leg's");
-  if (s.resume.at == 0 && (!s.resume.backend.empty() || !s.resume.command.empty() || s.resume.world ||
-                           s.resume.micro || s.resume.accum))
-    throw SpecError(!s.resume.backend.empty() ? "resume.backend" : !s.resume.command.empty() ? "resume.command"
-                                                                                            : "resume.world",
+  if (s.resume.at == 0 &&
+      (!s.resume.backend.empty() || !s.resume.command.empty() || s.resume.world || s.resume.micro || s.resume.accum))
+    throw SpecError(!s.resume.backend.empty()   ? "resume.backend"
+                    : !s.resume.command.empty() ? "resume.command"
+                                                : "resume.world",
                     "needs resume.at (the update count at which the run stops and resumes)");
 }
 

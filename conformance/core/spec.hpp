@@ -30,15 +30,15 @@ struct ModelSpec {
 
 /// The seeded synthetic dataset. Lengths follow a three-bucket distribution.
 struct DatasetSpec {
-  int size = 26;             ///< examples in one epoch
+  int size = 26;  ///< examples in one epoch
   int short_min = 3, short_max = 6;
   int typical_min = 8, typical_max = 14;
   int long_min = 18, long_max = 24;
-  double short_share = 0.2;  ///< probability of a short example
-  double long_share = 0.15;  ///< probability of a long example (the rest are typical)
-  double prompt_share = 0.3; ///< mean share of an example's tokens that are prompt (masked)
+  double short_share = 0.2;       ///< probability of a short example
+  double long_share = 0.15;       ///< probability of a long example (the rest are typical)
+  double prompt_share = 0.3;      ///< mean share of an example's tokens that are prompt (masked)
   double all_prompt_share = 0.1;  ///< probability that an example is all prompt (0 targets)
-  bool shuffle = true;       ///< a seeded permutation per epoch
+  bool shuffle = true;            ///< a seeded permutation per epoch
 };
 
 /// Examples per replica per microstep and accumulation microsteps per update.
@@ -55,9 +55,9 @@ struct TopologySpec {
 
 /// The optimizer the reference and every backend apply (elementwise, so shardable).
 struct OptimizerSpec {
-  std::string name = "sgd";  ///< "sgd" | "adamw"
-  double lr = 0;              ///< 0: the optimizer's default (sgd 0.1, adamw 1e-3)
-  double momentum = 0.0;     ///< sgd
+  std::string name = "sgd";                       ///< "sgd" | "adamw"
+  double lr = 0;                                  ///< 0: the optimizer's default (sgd 0.1, adamw 1e-3)
+  double momentum = 0.0;                          ///< sgd
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  ///< adamw
   double weight_decay = 0.0;
   double max_grad_norm = 0.0;  ///< clip the full reduced gradient to this global L2 norm before the step (0: off)

@@ -105,9 +105,7 @@ std::optional<JsonProblem> parse_json_strict(const std::string& text, json& out,
       case json::parse_event_t::array_end:
         if (!frames.empty()) frames.pop_back();
         break;
-      case json::parse_event_t::value:
-        enter_value();
-        break;
+      case json::parse_event_t::value: enter_value(); break;
     }
     return true;
   };

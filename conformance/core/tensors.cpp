@@ -34,8 +34,7 @@ std::string dtype_name(DType d) { return dtype_facts(d).name; }
 DType parse_dtype(const std::string& name) {
   for (const auto& f : kDTypes)
     if (name == f.name) return f.dtype;
-  throw std::invalid_argument("unknown dtype '" + name +
-                              "' (expected float64, float32 or bfloat16)");
+  throw std::invalid_argument("unknown dtype '" + name + "' (expected float64, float32 or bfloat16)");
 }
 
 std::string safetensors_dtype(DType d) { return dtype_facts(d).safetensors; }
@@ -96,9 +95,7 @@ void decode_values(const char* src, DType d, size_t n, double* dst) {
 
 void encode_values(const double* src, DType d, size_t n, char* dst) {
   switch (d) {
-    case DType::Float64:
-      std::memcpy(dst, src, n * sizeof(double));
-      return;
+    case DType::Float64: std::memcpy(dst, src, n * sizeof(double)); return;
     case DType::Float32:
       for (size_t i = 0; i < n; ++i) {
         const float f = static_cast<float>(src[i]);
@@ -191,8 +188,7 @@ void HostTensor::hold() {
   source.reset();
 }
 
-bool accumulate_projection(const HostTensor& observed, const HostTensor& expected, long double& dot,
-                           long double& rr) {
+bool accumulate_projection(const HostTensor& observed, const HostTensor& expected, long double& dot, long double& rr) {
   if (observed.shape != expected.shape) return false;
   const TensorValues o = observed.read(), e = expected.read();
   if (o.size() != e.size()) return false;
@@ -233,8 +229,10 @@ TensorError compare_tensors(const HostTensor& observed, const HostTensor& expect
       }
     }
     // NaN is sticky: once the maximum is NaN no finite difference replaces it.
-    if (std::isnan(d) || std::isnan(max_abs)) max_abs = std::nan("");
-    else if (std::fabs(d) > max_abs) max_abs = std::fabs(d);
+    if (std::isnan(d) || std::isnan(max_abs))
+      max_abs = std::nan("");
+    else if (std::fabs(d) > max_abs)
+      max_abs = std::fabs(d);
   }
   const double dn = std::sqrt(static_cast<double>(diff2)), rn = std::sqrt(static_cast<double>(ref2));
   out.relative = rn > 0 ? dn / rn : dn;

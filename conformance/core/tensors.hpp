@@ -127,8 +127,7 @@ void encode_values(const double* src, DType d, size_t n, char* dst);
 /// Adds <observed, expected> to `dot` and <expected, expected> to `rr` (the projection of the
 /// observed tensor on the expected one, NOTE [streamed tensors]: reads each once). Returns false,
 /// adding nothing, when their shapes differ.
-bool accumulate_projection(const HostTensor& observed, const HostTensor& expected, long double& dot,
-                           long double& rr);
+bool accumulate_projection(const HostTensor& observed, const HostTensor& expected, long double& dot, long double& rr);
 
 /// Compares `observed` with `expected`; throws ArtifactError naming the tensor when the shapes differ.
 TensorError compare_tensors(const HostTensor& observed, const HostTensor& expected);

@@ -10,7 +10,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);
   try {
     (void)gradcert::parse_checkpoint_record(text, "fuzz-checkpoint.json", "0123456789abcdef0123456789abcdef");
-  } catch (const gradcert::ArtifactError&) {
-  }
+  } catch (const gradcert::ArtifactError&) {}
   return 0;
 }

@@ -10,7 +10,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     (void)gradcert::parse_plan_json(text, "fuzz-plan.json");
   } catch (const gradcert::ArtifactError&) {
-  } catch (const gradcert::SpecError&) {
-  }
+  } catch (const gradcert::SpecError&) {}
   return 0;
 }

@@ -12,13 +12,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);
   try {
     (void)gradcert::parse_manifest_json(text, "manifest.json", plan, plan.world(), nonce);
-  } catch (const gradcert::ArtifactError&) {
-  }
+  } catch (const gradcert::ArtifactError&) {}
   for (int rank = 0; rank < plan.world(); ++rank) {
     try {
       (void)gradcert::parse_rank_record_json(text, "rank.json", plan, rank, nonce);
-    } catch (const gradcert::ArtifactError&) {
-    }
+    } catch (const gradcert::ArtifactError&) {}
   }
   return 0;
 }

@@ -10,7 +10,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     const gradcert::Spec s = gradcert::parse_spec(text, "fuzz-spec.json");
     (void)gradcert::parse_spec(gradcert::spec_to_json(s), "round-trip");  // what it writes it reads
-  } catch (const gradcert::SpecError&) {
-  }
+  } catch (const gradcert::SpecError&) {}
   return 0;
 }

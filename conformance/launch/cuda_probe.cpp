@@ -40,7 +40,8 @@ std::string probe_in_child() {
     return "0 no CUDA device: the driver loads but cuInit fails with CUresult " + std::to_string(rc) +
            (rc == 100 ? " (CUDA_ERROR_NO_DEVICE)" : "") + visible;
   int n = 0;
-  if (int rc = count(&n); rc != 0) return "0 no CUDA device: cuDeviceGetCount fails with CUresult " + std::to_string(rc) + visible;
+  if (int rc = count(&n); rc != 0)
+    return "0 no CUDA device: cuDeviceGetCount fails with CUresult " + std::to_string(rc) + visible;
   if (n == 0) return "0 no CUDA device: the driver reports 0 devices" + visible;
   return std::to_string(n) + " ok";
 }

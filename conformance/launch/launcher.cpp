@@ -45,8 +45,7 @@ extern "C" void record_interrupt(int sig) { g_interrupt.store(sig); }
 
 void validate(const LaunchRequest& req) {
   if (req.world < 1) throw std::invalid_argument("launch: world must be >= 1");
-  if (req.argv.empty() || req.argv[0].empty())
-    throw std::invalid_argument("launch: argv is empty");
+  if (req.argv.empty() || req.argv[0].empty()) throw std::invalid_argument("launch: argv is empty");
   if (req.log_dir.empty()) throw std::invalid_argument("launch: log_dir is empty");
   std::error_code ec;
   std::filesystem::create_directories(req.log_dir, ec);
@@ -67,15 +66,12 @@ int parse_int_var(const char* name, const char* value) {
 std::pair<int, int> rank_world_from(const char* rank_var, const char* world_var) {
   const char* rv = std::getenv(rank_var);
   const char* wv = std::getenv(world_var);
-  if (!wv)
-    throw std::runtime_error(std::string(rank_var) + " is set but " + world_var + " is not");
+  if (!wv) throw std::runtime_error(std::string(rank_var) + " is set but " + world_var + " is not");
   int rank = parse_int_var(rank_var, rv);
   int world = parse_int_var(world_var, wv);
-  if (world < 1)
-    throw std::runtime_error(std::string(world_var) + "=" + wv + " is invalid: must be >= 1");
+  if (world < 1) throw std::runtime_error(std::string(world_var) + "=" + wv + " is invalid: must be >= 1");
   if (rank < 0 || rank >= world)
-    throw std::runtime_error(std::string(rank_var) + "=" + rv + " is out of range for " +
-                             world_var + "=" + wv);
+    throw std::runtime_error(std::string(rank_var) + "=" + rv + " is out of range for " + world_var + "=" + wv);
   return {rank, world};
 }
 
@@ -131,8 +127,10 @@ std::string start_ranks(RankSetup& s, Group& g) {
   for (int r = 0; r < static_cast<int>(s.fds.size()); ++r) {
     // A built-in rank comes from the zygote when one runs (NOTE [zygote]), else fork/exec.
     pid_t pid = zygote_spawn(s.argv_c.data(), s.envs_c[r].data(), s.fds[r], r == 0 ? 0 : g.pgid);
-    if (pid > 0) ::setpgid(pid, r == 0 ? pid : g.pgid);  // also done in the child, as in spawn
-    else pid = spawn(s.argv_c.data(), s.envs_c[r].data(), s.fds[r], r == 0 ? 0 : g.pgid, self);
+    if (pid > 0)
+      ::setpgid(pid, r == 0 ? pid : g.pgid);  // also done in the child, as in spawn
+    else
+      pid = spawn(s.argv_c.data(), s.envs_c[r].data(), s.fds[r], r == 0 ? 0 : g.pgid, self);
     if (pid < 0) return "fork failed for rank " + std::to_string(r) + ": " + std::strerror(errno);
     if (r == 0) g.pgid = pid;
     g.track(static_cast<size_t>(r), pid);
@@ -272,7 +270,7 @@ LaunchResult launch(const LaunchRequest& request) {
 }
 
 void install_interrupt_handlers() {
-  struct sigaction sa {};
+  struct sigaction sa{};
   sa.sa_handler = record_interrupt;
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;
@@ -327,10 +325,8 @@ std::string file_tail(const std::string& path, int max_lines) {
 
 std::pair<int, int> rank_and_world_from_env() {
   if (std::getenv("GRADCERT_RANK")) return rank_world_from("GRADCERT_RANK", "GRADCERT_WORLD");
-  if (std::getenv("OMPI_COMM_WORLD_RANK"))
-    return rank_world_from("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE");
-  throw std::runtime_error(
-      "no rank in the environment: set GRADCERT_RANK and GRADCERT_WORLD or start under mpirun");
+  if (std::getenv("OMPI_COMM_WORLD_RANK")) return rank_world_from("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE");
+  throw std::runtime_error("no rank in the environment: set GRADCERT_RANK and GRADCERT_WORLD or start under mpirun");
 }
 
 }  // namespace gradcert

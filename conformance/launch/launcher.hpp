@@ -34,15 +34,15 @@ struct LaunchRequest {
 /// How one rank ended.
 struct RankExit {
   int rank = -1;
-  bool exited = false;   ///< ended by exit(); `code` is valid
+  bool exited = false;  ///< ended by exit(); `code` is valid
   int code = 0;
-  int signal = 0;        ///< ended by this signal (0 when exited)
+  int signal = 0;                   ///< ended by this signal (0 when exited)
   bool killed_by_launcher = false;  ///< we killed it after another rank failed or on timeout
 };
 
 /// The outcome of a launch.
 struct LaunchResult {
-  bool ok = false;        ///< every rank exited 0 before the timeout
+  bool ok = false;  ///< every rank exited 0 before the timeout
   bool timed_out = false;
   /// SIGINT or SIGTERM when gradcert was interrupted and stopped the ranks (NOTE [interrupt]); 0 otherwise.
   int interrupted = 0;

@@ -28,9 +28,7 @@ namespace gradcert::launch_detail {
 
 std::atomic<int> g_interrupt{0};
 
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
+double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
 std::string fmt_seconds(double s) {
   char buf[64];
@@ -159,8 +157,7 @@ pid_t spawn(char* const* argv, char* const* envp, int log_fd, pid_t pgid, pid_t 
 
 int open_log(const std::string& path) {
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_APPEND, 0644);
-  if (fd < 0)
-    throw std::runtime_error("cannot open log " + path + ": " + std::strerror(errno));
+  if (fd < 0) throw std::runtime_error("cannot open log " + path + ": " + std::strerror(errno));
   return fd;
 }
 
@@ -220,8 +217,7 @@ int kill_descendants() {
     for (pid_t p : below)
       if (killed.insert(p).second) ::kill(p, SIGKILL);
     // Reap this process's children: the killed, and the orphans that came up to it.
-    while (::waitpid(-1, nullptr, WNOHANG) > 0) {
-    }
+    while (::waitpid(-1, nullptr, WNOHANG) > 0) {}
     if (below.empty() || Clock::now() >= give_up) break;
     std::this_thread::sleep_for(kPollInterval);
   }
@@ -230,8 +226,8 @@ int kill_descendants() {
 
 std::string how_it_ended(const RankExit& r, double secs) {
   if (r.exited) return "exited with code " + std::to_string(r.code) + " after " + fmt_seconds(secs);
-  return "was killed by signal " + std::to_string(r.signal) + " (" + signal_name(r.signal) +
-         ") after " + fmt_seconds(secs);
+  return "was killed by signal " + std::to_string(r.signal) + " (" + signal_name(r.signal) + ") after " +
+         fmt_seconds(secs);
 }
 
 // The last `max_lines` lines of `data`.

@@ -57,8 +57,8 @@ struct CappedLog {
   int in = -1;    // the pipe's read end (-1 once the output ended)
   int file = -1;  // the log file
   uint64_t total = 0;
-  std::string tail;    // output after the head: the last kLogTail..2 kLogTail bytes
-  std::string recent;  // the last kLogRecent..2 kLogRecent bytes of all output
+  std::string tail;     // output after the head: the last kLogTail..2 kLogTail bytes
+  std::string recent;   // the last kLogRecent..2 kLogRecent bytes of all output
   int write_error = 0;  // errno of the first failed write to the log file
 
   void write(const char* p, size_t n);
@@ -89,10 +89,10 @@ inline bool failed(const RankExit& r) { return !r.exited || r.code != 0; }
 
 // Tracks a set of children in one process group.
 struct Group {
-  std::vector<pid_t> pids;      // index = rank (slot); -1 once reaped
+  std::vector<pid_t> pids;  // index = rank (slot); -1 once reaped
   std::vector<RankExit> exits;
   pid_t pgid = -1;
-  Logs* logs = nullptr;         // drained while waiting
+  Logs* logs = nullptr;  // drained while waiting
   Clock::time_point start = Clock::now();
   std::vector<double> stopped_at;  // seconds when seen stopped (SIGSTOP, ...), -1 while running
   std::vector<int> stop_signal;
@@ -100,7 +100,7 @@ struct Group {
   // NOTE [pidfd wake] A rank's exit wakes the launcher at once (a pidfd turns readable when its
   // process ends): without it, the end of every launch waited for the next 10 ms poll, and a
   // default-spec run is about 100 ms. Where pidfd_open is refused, the poll interval serves.
-  std::vector<int> pidfds;      // index = rank (slot); -1 when none
+  std::vector<int> pidfds;  // index = rank (slot); -1 when none
 
   Group() = default;
   Group(const Group&) = delete;

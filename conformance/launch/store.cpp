@@ -76,7 +76,8 @@ Parse decode(const std::string& in, std::vector<StoreBytes>& fields, size_t& use
     if (!u32(len)) return Parse::Partial;
     if (len > kMaxField) return Parse::Bad;
     if (in.size() - pos < len) return Parse::Partial;
-    fields.emplace_back(in.begin() + static_cast<std::ptrdiff_t>(pos), in.begin() + static_cast<std::ptrdiff_t>(pos + len));
+    fields.emplace_back(in.begin() + static_cast<std::ptrdiff_t>(pos),
+                        in.begin() + static_cast<std::ptrdiff_t>(pos + len));
     pos += len;
   }
   used = pos;
@@ -282,8 +283,9 @@ struct StoreServer::State {
       if (wrote) release_waiters();
       for (auto& c : connections)
         if (c.fd >= 0) flush(c);
-      connections.erase(std::remove_if(connections.begin(), connections.end(), [](const Connection& c) { return c.fd < 0; }),
-                        connections.end());
+      connections.erase(
+          std::remove_if(connections.begin(), connections.end(), [](const Connection& c) { return c.fd < 0; }),
+          connections.end());
       if (fds[1].revents & POLLIN) {
         const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd >= 0) connections.push_back({fd, {}, {}, {}});
@@ -298,7 +300,8 @@ StoreServer::StoreServer() : state_(std::make_unique<State>()) {
   for (int attempt = 0; state_->listen_fd < 0; ++attempt) {
     char tag[16];
     std::snprintf(tag, sizeof tag, "%08x", static_cast<unsigned>(rd()));
-    const std::string address = "@gradcert-store-" + std::to_string(::getpid()) + "-" + std::to_string(serial++) + "-" + tag;
+    const std::string address =
+        "@gradcert-store-" + std::to_string(::getpid()) + "-" + std::to_string(serial++) + "-" + tag;
     const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) throw std::runtime_error("rank store: socket: " + errno_text(errno));
     sockaddr_un sa;
@@ -321,8 +324,7 @@ StoreServer::StoreServer() : state_(std::make_unique<State>()) {
 
 StoreServer::~StoreServer() {
   const char b = 1;
-  while (::write(state_->wake[1], &b, 1) < 0 && errno == EINTR) {
-  }
+  while (::write(state_->wake[1], &b, 1) < 0 && errno == EINTR) {}
   state_->thread.join();
   for (auto& c : state_->connections)
     if (c.fd >= 0) ::close(c.fd);
@@ -367,7 +369,9 @@ std::vector<StoreBytes> StoreClient::call(const std::vector<StoreBytes>& request
     fd_ = -1;  // the conversation is out of step: nothing more goes over this connection
     return std::runtime_error("rank store " + address_ + ": " + op + ": " + why);
   };
-  if (fd_ < 0) throw std::runtime_error("rank store " + address_ + ": " + op + ": the connection was closed after an earlier failure");
+  if (fd_ < 0)
+    throw std::runtime_error("rank store " + address_ + ": " + op +
+                             ": the connection was closed after an earlier failure");
   const std::string out = encode(request);
   for (size_t sent = 0; sent < out.size();) {
     const ssize_t k = ::send(fd_, out.data() + sent, out.size() - sent, MSG_NOSIGNAL);
@@ -383,7 +387,8 @@ std::vector<StoreBytes> StoreClient::call(const std::vector<StoreBytes>& request
     const Parse p = decode(in, reply, used);
     if (p == Parse::Bad) throw fail("the reply is not a store message");
     if (p == Parse::Complete) break;
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     pollfd pfd{fd_, POLLIN, 0};
     const int r = left.count() > 0 ? ::poll(&pfd, 1, static_cast<int>(std::min<int64_t>(left.count(), 1 << 30))) : 0;
     if (r < 0 && errno == EINTR) continue;
@@ -391,10 +396,11 @@ std::vector<StoreBytes> StoreClient::call(const std::vector<StoreBytes>& request
       const double s = std::chrono::duration<double>(timeout).count();
       char secs[32];
       std::snprintf(secs, sizeof secs, "%g", s);
-      const std::string why = "timed out after " + std::string(secs) + " s" +
-                              (waiting_for.empty() ? " waiting for the reply"
-                                                   : " waiting for " + waiting_for +
-                                                         " (no rank set it: a peer that died, or never reached the rendezvous)");
+      const std::string why =
+          "timed out after " + std::string(secs) + " s" +
+          (waiting_for.empty() ? " waiting for the reply"
+                               : " waiting for " + waiting_for +
+                                     " (no rank set it: a peer that died, or never reached the rendezvous)");
       if (fd_ >= 0) ::close(fd_);
       fd_ = -1;
       throw StoreTimeout("rank store " + address_ + ": " + op + ": " + why);
@@ -418,7 +424,9 @@ std::string keys_text(const std::vector<std::string>& keys) {
 }
 }  // namespace
 
-void StoreClient::set(const std::string& key, const StoreBytes& value) { call({bytes("set"), bytes(key), value}, timeout_, ""); }
+void StoreClient::set(const std::string& key, const StoreBytes& value) {
+  call({bytes("set"), bytes(key), value}, timeout_, "");
+}
 
 StoreBytes StoreClient::get(const std::string& key, std::chrono::milliseconds timeout) {
   return call({bytes("get"), bytes(key)}, timeout, keys_text({key})).at(0);
@@ -448,7 +456,9 @@ void StoreClient::wait(const std::vector<std::string>& keys, std::chrono::millis
   call(req, timeout, keys_text(keys));
 }
 
-bool StoreClient::remove(const std::string& key) { return text(call({bytes("delete"), bytes(key)}, timeout_, "").at(0)) == "1"; }
+bool StoreClient::remove(const std::string& key) {
+  return text(call({bytes("delete"), bytes(key)}, timeout_, "").at(0)) == "1";
+}
 
 int64_t StoreClient::num_keys() { return std::stoll(text(call({bytes("num_keys")}, timeout_, "").at(0))); }
 

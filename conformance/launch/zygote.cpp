@@ -192,8 +192,7 @@ bool receive_header(int sock, Header& h, int& fd) {
         int32_t got = 0;
         reply = read_exact(pid_pipe[0], &got, sizeof got) ? got : -EPIPE;
         int status = 0;
-        while (::waitpid(mid, &status, 0) < 0 && errno == EINTR) {
-        }
+        while (::waitpid(mid, &status, 0) < 0 && errno == EINTR) {}
       } else {
         reply = -errno;
       }
@@ -218,7 +217,7 @@ bool start_zygote(ZygoteEntry entry) {
   if (g_zygote > 0 || !entry) return g_zygote > 0;
   if (const char* off = std::getenv("GRADCERT_NO_ZYGOTE"); off && *off && std::string(off) != "0") return false;
   if (threads_of_this_process() != 1) return false;
-  struct stat exe {};
+  struct stat exe{};
   if (::stat("/proc/self/exe", &exe) != 0) return false;
   int sv[2];
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) return false;
@@ -246,7 +245,7 @@ pid_t zygote_pid() { return g_zygote; }
 
 pid_t zygote_spawn(char* const* argv, char* const* envp, int log_fd, pid_t pgid) {
   if (g_socket < 0 || !argv[0] || !argv[1] || std::strcmp(argv[1], "worker") != 0) return -1;
-  struct stat exe {};
+  struct stat exe{};
   if (::stat(argv[0], &exe) != 0 || exe.st_dev != g_exe_dev || exe.st_ino != g_exe_ino) return -1;
   int subreaper = 0;
   if (::prctl(PR_GET_CHILD_SUBREAPER, &subreaper) != 0 || !subreaper) return -1;
@@ -290,8 +289,7 @@ pid_t zygote_spawn(char* const* argv, char* const* envp, int log_fd, pid_t pgid)
 void exit_now(int code) {
   if (g_zygote > 0) {  // reaped here: whatever process adopts it may never reap
     ::kill(g_zygote, SIGKILL);
-    while (::waitpid(g_zygote, nullptr, 0) < 0 && errno == EINTR) {
-    }
+    while (::waitpid(g_zygote, nullptr, 0) < 0 && errno == EINTR) {}
   }
   std::cout.flush();
   std::cerr.flush();

@@ -20,11 +20,11 @@ enum class TpSplit {
 
 /// One parameter of the tiny LM in canonical order (conformance/model: TinyLM).
 struct ParamPlace {
-  std::string name;            ///< canonical name ("blocks.0.qkv.weight")
+  std::string name;  ///< canonical name ("blocks.0.qkv.weight")
   std::vector<int64_t> shape;
   int64_t numel = 0;
-  int block = -1;              ///< its block, or -1 (embeddings, ln_f, head)
-  std::string fsdp_unit;       ///< "embed" | "blocks.<i>" | "head" (backends/fsdp.cpp)
+  int block = -1;         ///< its block, or -1 (embeddings, ln_f, head)
+  std::string fsdp_unit;  ///< "embed" | "blocks.<i>" | "head" (backends/fsdp.cpp)
   TpSplit tp = TpSplit::Replicated;
 };
 

@@ -12,7 +12,6 @@ namespace gradcert {
 
 namespace {
 
-
 int64_t ceil_div(int64_t a, int64_t b) { return b <= 0 ? a : (a + b - 1) / b; }
 
 int64_t times(int64_t count, double bytes_per) { return count * static_cast<int64_t>(std::llround(bytes_per)); }
@@ -74,9 +73,8 @@ Recipe recipe_for_run(DType dtype, const OptimizerSpec& optimizer) {
   }
   const std::string name = dtype_name(dtype) + "-" + optimizer.name +
                            (optimizer.name == "sgd" && optimizer.momentum != 0 ? "-momentum" : "");
-  return make_recipe(name, w, sd + " weights", w, sd + " grads",
-                     master ? 4 : 0, master ? "fp32 master" : "no master", o, ol,
-                     "what a gradcert run of this dtype and optimizer keeps");
+  return make_recipe(name, w, sd + " weights", w, sd + " grads", master ? 4 : 0, master ? "fp32 master" : "no master",
+                     o, ol, "what a gradcert run of this dtype and optimizer keeps");
 }
 
 std::vector<std::string> excluded_from_estimate() {
@@ -122,8 +120,8 @@ MemoryEstimate estimate_memory(const EstimateInput& in) {
   // --tp / --pp to the strategy's default before it gets here.
   if (x.tp < 1 || x.pp < 1 || x.world % (x.tp * x.pp) != 0)
     bad("world " + std::to_string(x.world) + " is not a multiple of tp x pp = " + std::to_string(x.tp * x.pp));
-  if (x.strategy == Sharding::Single && x.world != 1) bad("strategy single runs on one rank, not " +
-                                                          std::to_string(x.world));
+  if (x.strategy == Sharding::Single && x.world != 1)
+    bad("strategy single runs on one rank, not " + std::to_string(x.world));
   const int64_t P = x.params;
   const int64_t T = x.trainable < 0 ? P : x.trainable;
   const int64_t L = x.layer_params < 0 ? P : x.layer_params;
@@ -140,8 +138,8 @@ MemoryEstimate estimate_memory(const EstimateInput& in) {
   const auto& r = x.recipe.bytes;
   const bool shard_state = x.strategy == Sharding::ZeRO1 || x.strategy == Sharding::ZeRO2 ||
                            x.strategy == Sharding::ZeRO3 || x.strategy == Sharding::FSDP;
-  const bool shard_grads = x.strategy == Sharding::ZeRO2 || x.strategy == Sharding::ZeRO3 ||
-                           x.strategy == Sharding::FSDP;
+  const bool shard_grads =
+      x.strategy == Sharding::ZeRO2 || x.strategy == Sharding::ZeRO3 || x.strategy == Sharding::FSDP;
   const bool shard_weights = x.strategy == Sharding::ZeRO3 || x.strategy == Sharding::FSDP;
   const int64_t Pw = shard_weights ? ceil_div(e.rank_params, D) : e.rank_params;
   const int64_t Tg = shard_grads ? ceil_div(e.rank_trainable, D) : e.rank_trainable;
@@ -195,13 +193,12 @@ std::string estimate_text(const MemoryEstimate& e) {
   o << "model state: " << sci(static_cast<double>(e.model_state())) << " B = " << human_bytes(e.model_state()) << " ("
     << e.model_state() << " B)\n";
   if (e.gathered_unit > 0)
-    o << "lower bound with the gathered unit: " << sci(static_cast<double>(e.total())) << " B = "
-      << human_bytes(e.total()) << " (" << e.total() << " B)\n";
+    o << "lower bound with the gathered unit: " << sci(static_cast<double>(e.total()))
+      << " B = " << human_bytes(e.total()) << " (" << e.total() << " B)\n";
   o << "excluded (measure them: the peak per phase and length bucket):\n";
   for (const auto& s : e.excluded) o << "  - " << s << "\n";
   return o.str();
 }
-
 
 // NOTE [built-in model state] recipe_for_run says what a dtype and optimizer need; the
 // built-in strategies keep exactly that, divided as estimate_memory divides it, except:

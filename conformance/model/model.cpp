@@ -204,7 +204,9 @@ torch::Tensor token_loss_sum(torch::Tensor logits, const torch::Tensor& labels) 
                           F::CrossEntropyFuncOptions().ignore_index(kIgnoreIndex).reduction(torch::kSum));
 }
 
-torch::Tensor loss_sum(TinyLM& model, const Batch& batch) { return token_loss_sum(model->forward(batch.input), batch.labels); }
+torch::Tensor loss_sum(TinyLM& model, const Batch& batch) {
+  return token_loss_sum(model->forward(batch.input), batch.labels);
+}
 
 torch::Tensor embed_tokens(TinyLM& model, const torch::Tensor& input) {
   auto pos = torch::arange(input.size(1), torch::TensorOptions().dtype(torch::kLong).device(input.device()));

@@ -352,8 +352,10 @@ std::vector<ReferenceUpdate> trajectory(const Spec& spec, const Plan& plan, cons
                                         const std::string& tag, const std::atomic<bool>* stop = nullptr) {
   std::vector<ReferenceUpdate> out;
   pass(spec, plan, initial, run, routes, dir, tag, out, stop);
-  if (routes == Routes::Reference) pass(spec, plan, initial, run, Routes::Floor, dir, tag, out, stop);
-  else ::malloc_trim(0);  // what the second thread's malloc arena freed goes back (a model's state)
+  if (routes == Routes::Reference)
+    pass(spec, plan, initial, run, Routes::Floor, dir, tag, out, stop);
+  else
+    ::malloc_trim(0);  // what the second thread's malloc arena freed goes back (a model's state)
   return out;
 }
 

@@ -42,8 +42,7 @@ enum class RouteThreads { Auto, One, Two };
 /// `free_running`, when given, is that half already computed for this spec and plan
 /// (free_running_reference's; NOTE [reference cache] in conformance/run/reference_source.hpp): copied, not recomputed.
 References run_references(const Spec& spec, const Plan& plan, const std::vector<BackendUpdate>& run,
-                          const std::string& spill_dir = "",
-                          const std::vector<ReferenceUpdate>* free_running = nullptr,
+                          const std::string& spill_dir = "", const std::vector<ReferenceUpdate>* free_running = nullptr,
                           RouteThreads threads = RouteThreads::Auto);
 
 /// The free-running half of run_references (its gradients kept): a function of the spec and the

@@ -33,8 +33,9 @@ void write_rank_record(const std::string& dir, int rank, int dp_rank, const std:
 std::string dataset_json(const std::vector<Sample>& samples) {
   json rows = json::array();
   for (const Sample& s : samples) rows.push_back({{"id", s.id}, {"tokens", s.tokens}, {"labels", s.labels}});
-  return json{{"schema", "gradcert.dataset/1"}, {"ignore_index", kIgnoreIndex}, {"pad_token", kPadToken},
-              {"samples", rows}}.dump();
+  return json{
+      {"schema", "gradcert.dataset/1"}, {"ignore_index", kIgnoreIndex}, {"pad_token", kPadToken}, {"samples", rows}}
+      .dump();
 }
 
 void write_dataset(const std::string& dir, const std::vector<Sample>& samples) {
@@ -63,8 +64,10 @@ void write_placed_file(const std::string& path, const std::vector<ShardPiece>& p
     std::string name = p.tensor;
     for (int k = 1; stored.count(name); ++k) name = p.tensor + "#" + std::to_string(k);
     json where = {{"tensor", p.tensor}, {"shape", p.shape}, {"replica", p.replica}};
-    if (p.flat_begin >= 0) where["flat"] = {p.flat_begin, p.flat_begin + p.data.numel()};
-    else where["offset"] = p.offset;
+    if (p.flat_begin >= 0)
+      where["flat"] = {p.flat_begin, p.flat_begin + p.data.numel()};
+    else
+      where["offset"] = p.offset;
     placement[name] = where;
     HostTensor t = p.data;
     t.name = name;
@@ -84,7 +87,8 @@ void write_manifest(const std::string& dir, const std::string& backend, int worl
                     const std::vector<ManifestUpdate>& updates, const std::string& nonce, bool shards) {
   json ups = json::array();
   for (const auto& u : updates) {
-    ups.push_back({{"update", u.update}, {"loss", u.has_loss ? json(u.loss) : json(nullptr)},
+    ups.push_back({{"update", u.update},
+                   {"loss", u.has_loss ? json(u.loss) : json(nullptr)},
                    {"valid_targets", u.has_valid_targets ? json(u.valid_targets) : json(nullptr)},
                    {"step_seconds", u.step_seconds}});
     if (!shards) {
@@ -100,8 +104,11 @@ void write_manifest(const std::string& dir, const std::string& backend, int worl
     ups.back()["grads"] = g;
     ups.back()["params"] = p;
   }
-  json j = {{"schema", shards ? "gradcert.artifacts/2" : "gradcert.artifacts/1"}, {"backend", backend},
-            {"world", world}, {"nonce", nonce}, {"updates", ups}};
+  json j = {{"schema", shards ? "gradcert.artifacts/2" : "gradcert.artifacts/1"},
+            {"backend", backend},
+            {"world", world},
+            {"nonce", nonce},
+            {"updates", ups}};
   write_file_atomic(dir + "/manifest.json", j.dump(1));
 }
 
@@ -112,8 +119,7 @@ std::string at_index(const std::string& source, size_t u) { return source + " up
 const json& updates_array(const Fields& f, size_t want) {
   const json& ups = f.at("updates");
   if (!ups.is_array()) f.fail("field 'updates' must be an array, got " + json_excerpt(ups));
-  if (ups.size() != want)
-    f.fail(std::to_string(ups.size()) + " updates, the plan has " + std::to_string(want));
+  if (ups.size() != want) f.fail(std::to_string(ups.size()) + " updates, the plan has " + std::to_string(want));
   return ups;
 }
 
@@ -197,9 +203,11 @@ std::vector<RankRecord> parse_rank_record_json(const std::string& text, const st
     if (ups[u].contains("valid_targets")) rr.valid_targets = f.integer("valid_targets", 0, INT64_MAX);
     if (ups[u].contains("replicas")) {  // NOTE [replica digests]
       const json& reps = ups[u].at("replicas");
-      if (!reps.is_object()) f.fail("field 'replicas' must be an object of tensor name -> digest, got " + json_excerpt(reps));
+      if (!reps.is_object())
+        f.fail("field 'replicas' must be an object of tensor name -> digest, got " + json_excerpt(reps));
       for (const auto& [name, digest] : reps.items()) {
-        if (name.empty() || !digest.is_string() || digest.get<std::string>().empty() || digest.get<std::string>().size() > 128)
+        if (name.empty() || !digest.is_string() || digest.get<std::string>().empty() ||
+            digest.get<std::string>().size() > 128)
           f.fail("field 'replicas." + name.substr(0, 80) + "' must be a digest string (1-128 characters), got " +
                  json_excerpt(digest));
         rr.replicas[name] = digest.get<std::string>();
@@ -211,7 +219,8 @@ std::vector<RankRecord> parse_rank_record_json(const std::string& text, const st
     rr.dp_rank = dp_rank;
     for (size_t a = 0; a < consumed.size(); ++a) {
       const std::string at = "consumed[" + std::to_string(a) + "]";
-      if (!consumed[a].is_array()) f.fail("field '" + at + "' must be an array of sample ids, got " + json_excerpt(consumed[a]));
+      if (!consumed[a].is_array())
+        f.fail("field '" + at + "' must be an array of sample ids, got " + json_excerpt(consumed[a]));
       std::vector<int64_t> ids;
       for (size_t i = 0; i < consumed[a].size(); ++i) {
         const json& id = consumed[a][i];
@@ -342,8 +351,10 @@ HostTensor assemble_tensor(const std::string& in, const std::string& tensor, con
   auto src = std::make_shared<TensorSource>();
   if (pieces)
     for (const Placed& p : *pieces) src->pieces.push_back(p.piece);
-  if (numel == 0) t.held = {};  // nothing to read
-  else t.source = std::move(src);
+  if (numel == 0)
+    t.held = {};  // nothing to read
+  else
+    t.source = std::move(src);
   return t;
 }
 
@@ -356,7 +367,7 @@ Replicas read_shards(const std::string& dir, const std::vector<std::string>& fil
     model_bytes += b;
   }
   std::map<std::pair<std::string, int>, std::vector<Placed>> by_tensor;  // (tensor, replica) -> pieces
-  std::map<int, std::set<std::string>> files_of;                        // replica -> its files
+  std::map<int, std::set<std::string>> files_of;                         // replica -> its files
   for (const std::string& file : files) {
     const std::string path = dir + "/" + file;
     std::map<std::string, std::string> meta;
@@ -369,8 +380,9 @@ Replicas read_shards(const std::string& dir, const std::vector<std::string>& fil
     const json placement = parse_artifact_json(m->second, path + " \"gradcert.placement\"");
     if (!placement.is_object()) throw ArtifactError(path + ": \"gradcert.placement\" is not a JSON object");
     for (const auto& [key, value] : placement.items())
-      if (!stored.count(key)) throw ArtifactError(path + ": \"gradcert.placement\" places tensor '" + key +
-                                                  "', which the file does not hold");
+      if (!stored.count(key))
+        throw ArtifactError(path + ": \"gradcert.placement\" places tensor '" + key +
+                            "', which the file does not hold");
     for (const auto& [name, t] : stored) {
       if (!placement.contains(name))
         throw ArtifactError(path + ": tensor '" + name + "' has no entry in \"gradcert.placement\"");
@@ -396,8 +408,8 @@ Replicas read_shards(const std::string& dir, const std::vector<std::string>& fil
     for (const auto& [tensor, want] : expect) {
       const std::string in = dir + ": " + what + ": replica " + std::to_string(r) + ": tensor '" + tensor + "'";
       auto it = by_tensor.find({tensor, r});
-      g.tensors.emplace(tensor, assemble_tensor(in, tensor, want, it == by_tensor.end() ? nullptr : &it->second,
-                                                g.files));
+      g.tensors.emplace(tensor,
+                        assemble_tensor(in, tensor, want, it == by_tensor.end() ? nullptr : &it->second, g.files));
     }
   }
   return out;

@@ -14,12 +14,12 @@ namespace gradcert {
 
 /// What one rank reported for one update.
 struct RankRecord {
-  int rank = 0;     ///< global rank
-  int dp_rank = 0;  ///< its data-parallel rank
+  int rank = 0;                                ///< global rank
+  int dp_rank = 0;                             ///< its data-parallel rank
   std::vector<std::vector<int64_t>> consumed;  ///< ids per microstep
   bool has_loss_sum = false;
-  double loss_sum = 0;          ///< S_r = sum_a S_{r,a} as the rank reported it
-  int64_t valid_targets = -1;   ///< n_r as the rank reported it (-1: not reported)
+  double loss_sum = 0;         ///< S_r = sum_a S_{r,a} as the rank reported it
+  int64_t valid_targets = -1;  ///< n_r as the rank reported it (-1: not reported)
   /// NOTE [replica digests] canonical name -> a digest of the exact bytes of that tensor as
   /// this rank holds it after the update's optimizer step, for every tensor the rank holds
   /// whole (a DDP replica: all of them). Ranks holding the same tensor must agree exactly
@@ -45,7 +45,7 @@ struct BackendUpdate {
   /// in backends/python/stacks/common.py); the loss / N checks skip that update.
   bool has_loss = true, has_valid_targets = true;
   std::vector<RankRecord> ranks;
-  TensorMap grads;         ///< per-rank shards: the lowest replica group's, assembled on read
+  TensorMap grads;  ///< per-rank shards: the lowest replica group's, assembled on read
   TensorMap params_after;
   double step_seconds = 0;
   std::vector<ReplicaCopy> other_replicas;  ///< per-rank shards: every other replica group's
@@ -70,14 +70,14 @@ struct ReferenceUpdate {
   TensorMap grads;            ///< grad L (zero when N = 0)
   /// S_r per DP rank (the reference runner's pieces; empty when the reference computed none).
   std::vector<double> rank_loss_sums;
-  TensorMap params_after;     ///< parameters after the optimizer step
-  UpdateFloor floor;          ///< this update's noise floor (NOTE [noise floor])
+  TensorMap params_after;  ///< parameters after the optimizer step
+  UpdateFloor floor;       ///< this update's noise floor (NOTE [noise floor])
 };
 
 /// What one rank consumed in one update, and its local sums.
 struct RankUpdateRecord {
   int update = 0;
-  std::vector<std::vector<int64_t>> consumed;  ///< ids per microstep
+  std::vector<std::vector<int64_t>> consumed;   ///< ids per microstep
   double loss_sum = 0;                          ///< S_r = sum_a S_{r,a}
   int64_t valid_targets = 0;                    ///< sum_a n_{r,a}; -1: the rank did not count it (left out)
   std::map<std::string, std::string> replicas;  ///< NOTE [replica digests]
@@ -149,7 +149,7 @@ void write_manifest(const std::string& dir, const std::string& backend, int worl
 /// One update as manifest.json states it.
 struct ManifestEntry {
   ManifestUpdate scalars;
-  std::string grads, params;  ///< schema 1: the full tensors' file names inside the run folder
+  std::string grads, params;                           ///< schema 1: the full tensors' file names inside the run folder
   std::vector<std::string> grad_shards, param_shards;  ///< schema 2: the shard files (NOTE [shard artifacts])
   bool sharded = false;
 };
@@ -188,11 +188,11 @@ TensorMap artifact_shapes(const std::string& dir);
 /// What one rank measured of its memory: <dir>/rank<r>.memory.json (built-in backends).
 struct RankMemory {
   int rank = 0;
-  int64_t model_state_bytes = -1;  ///< distinct storage of the backend's state_tensors (-1: not reported)
-  int64_t model_state_tensors = 0; ///< how many tensors that was
-  int64_t checkpoint_bytes = 0;    ///< the checkpoint file written in "save" (last bucket)
+  int64_t model_state_bytes = -1;         ///< distinct storage of the backend's state_tensors (-1: not reported)
+  int64_t model_state_tensors = 0;        ///< how many tensors that was
+  int64_t checkpoint_bytes = 0;           ///< the checkpoint file written in "save" (last bucket)
   int64_t process_high_water_bytes = -1;  ///< VmHWM when the rank finished (-1: unknown)
-  std::vector<PhasePeak> peaks;    ///< per length bucket and phase (the maximum over repeats)
+  std::vector<PhasePeak> peaks;           ///< per length bucket and phase (the maximum over repeats)
 };
 /// Writes <dir>/rank<r>.memory.json.
 void write_rank_memory(const std::string& dir, const RankMemory& m);

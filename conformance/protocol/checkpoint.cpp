@@ -39,8 +39,8 @@ namespace {
 int64_t integer_field(const json& j, const char* key, const std::string& where, int64_t lo, int64_t hi) {
   if (!j.is_object() || !j.contains(key)) throw ArtifactError(where + ": field '" + key + "' is missing");
   const json& v = j.at(key);
-  if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(hi)) ||
-      v.get<int64_t>() < lo || v.get<int64_t>() > hi)
+  if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(hi)) || v.get<int64_t>() < lo ||
+      v.get<int64_t>() > hi)
     throw ArtifactError(where + ": field '" + key + "' must be an integer in [" + std::to_string(lo) + ", " +
                         std::to_string(hi) + "], got " + json_excerpt(v));
   return v.get<int64_t>();
@@ -55,8 +55,7 @@ std::string string_field(const json& j, const char* key, const std::string& wher
 
 }  // namespace
 
-CheckpointRecord parse_checkpoint_record(const std::string& text, const std::string& source,
-                                         const std::string& nonce) {
+CheckpointRecord parse_checkpoint_record(const std::string& text, const std::string& source, const std::string& nonce) {
   const json j = parse_artifact_json(text, source);
   if (!j.is_object()) throw ArtifactError(source + ": expected a JSON object, got " + json_excerpt(j));
   if (string_field(j, "schema", source) != "gradcert.checkpoint/1")
@@ -65,8 +64,8 @@ CheckpointRecord parse_checkpoint_record(const std::string& text, const std::str
   CheckpointRecord r;
   r.nonce = string_field(j, "nonce", source);
   if (r.nonce != nonce)
-    throw ArtifactError(source + ": nonce " + json_excerpt(j.at("nonce")) + " is not this run's (GRADCERT_RUN_NONCE=" +
-                        nonce + "): a checkpoint of another run?");
+    throw ArtifactError(source + ": nonce " + json_excerpt(j.at("nonce")) +
+                        " is not this run's (GRADCERT_RUN_NONCE=" + nonce + "): a checkpoint of another run?");
   r.backend = string_field(j, "backend", source);
   r.world = static_cast<int>(integer_field(j, "world", source, 1, 1 << 20));
   r.updates_done = static_cast<int>(integer_field(j, "updates_done", source, 0, INT32_MAX));
@@ -110,12 +109,15 @@ Checkpoint read_checkpoint(const std::string& dir, int world, const std::map<std
   std::vector<std::string> files;
   std::string missing;
   for (int r = 0; r < world; ++r) {
-    if (fs::exists(fs::symlink_status(dir + "/" + checkpoint_file(r), ec))) files.push_back(checkpoint_file(r));
-    else missing += (missing.empty() ? "rank " : ", rank ") + std::to_string(r) + " wrote no " + checkpoint_file(r);
+    if (fs::exists(fs::symlink_status(dir + "/" + checkpoint_file(r), ec)))
+      files.push_back(checkpoint_file(r));
+    else
+      missing += (missing.empty() ? "rank " : ", rank ") + std::to_string(r) + " wrote no " + checkpoint_file(r);
   }
   try {
     if (files.empty()) throw ArtifactError(dir + ": no rank wrote its file");
-    auto groups = read_placed(dir, files, expect, "checkpoint after update " + std::to_string(cp.record.updates_done - 1));
+    auto groups =
+        read_placed(dir, files, expect, "checkpoint after update " + std::to_string(cp.record.updates_done - 1));
     if (!groups.count(0))
       throw ArtifactError(dir + ": the checkpoint holds no replica group 0 (every saving rank writes group 0)");
     cp.tensors = std::move(groups.at(0));

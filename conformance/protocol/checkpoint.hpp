@@ -28,8 +28,7 @@ struct CheckpointRecord {
 void write_checkpoint_record(const std::string& dir, const CheckpointRecord& rec);
 /// Parses checkpoint.json strictly (schema, integer fields, the run's nonce); ArtifactError
 /// naming `source` and the field.
-CheckpointRecord parse_checkpoint_record(const std::string& text, const std::string& source,
-                                         const std::string& nonce);
+CheckpointRecord parse_checkpoint_record(const std::string& text, const std::string& source, const std::string& nonce);
 
 /// The dtype a checkpoint holds parameters and optimizer slots in: the one the optimizer
 /// steps (float32 master weights for bfloat16 runs, else the run's dtype).

@@ -71,5 +71,4 @@ struct Fields {
   }
 };
 
-
 }  // namespace gradcert

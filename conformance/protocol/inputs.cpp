@@ -44,7 +44,8 @@ struct Reader {
   }
   std::vector<int64_t> ids(const json& j, const std::string& field) const {
     std::vector<int64_t> out;
-    for (size_t i = 0; i < array(j, field).size(); ++i) out.push_back(integer(j[i], field + "[" + std::to_string(i) + "]"));
+    for (size_t i = 0; i < array(j, field).size(); ++i)
+      out.push_back(integer(j[i], field + "[" + std::to_string(i) + "]"));
     return out;
   }
 };

@@ -27,7 +27,8 @@ std::vector<int64_t> int_list(const Fields& f, const char* key) {
   out.reserve(v.size());
   for (size_t i = 0; i < v.size(); ++i) {
     if (!v[i].is_number_integer())
-      f.fail(std::string("field '") + key + "[" + std::to_string(i) + "]' must be an integer, got " + json_excerpt(v[i]));
+      f.fail(std::string("field '") + key + "[" + std::to_string(i) + "]' must be an integer, got " +
+             json_excerpt(v[i]));
     out.push_back(v[i].get<int64_t>());
   }
   return out;
@@ -134,7 +135,8 @@ ObservedUpdate read_observed_update(const std::string& dir, int rank, int update
   top.nonce(nonce);
   ObservedUpdate o;
   o.rank = static_cast<int>(top.integer("rank", 0));
-  if (o.rank != rank) top.fail("field 'rank' is " + std::to_string(o.rank) + ", the file is rank " + std::to_string(rank) + "'s");
+  if (o.rank != rank)
+    top.fail("field 'rank' is " + std::to_string(o.rank) + ", the file is rank " + std::to_string(rank) + "'s");
   o.world = static_cast<int>(top.integer("world", 1, 1 << 20));
   o.update = static_cast<int>(top.integer("update", 0));
   if (o.update != update)
@@ -184,7 +186,8 @@ ObservedUpdate read_observed_update(const std::string& dir, int rank, int update
   }
   if (j.contains("groups")) {
     o.groups = top.at("groups");
-    if (!o.groups.is_array() || o.groups.empty()) top.fail("field 'groups' must be a non-empty array, got " + json_excerpt(o.groups));
+    if (!o.groups.is_array() || o.groups.empty())
+      top.fail("field 'groups' must be a non-empty array, got " + json_excerpt(o.groups));
     for (size_t g = 0; g < o.groups.size(); ++g) {
       const Fields gf{o.groups[g], path + " groups[" + std::to_string(g) + "]"};
       (void)string_list(gf, "params");

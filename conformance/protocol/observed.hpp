@@ -41,10 +41,10 @@ struct ObservedMicrostep {
 struct ObservedUpdate {
   int rank = 0, world = 0, update = 0;
   std::vector<ObservedMicrostep> microsteps;
-  double loss_sum = 0;       ///< gradcert's S_r on the job's logits
-  double step_seconds = 0;   ///< the job's own step time, the recording excluded
-  double record_seconds = -1;  ///< what recording the update cost the rank (-1: not recorded)
-  double clip_max_norm = 0;  ///< 0: the job did not call clip_grad_norm_ this update
+  double loss_sum = 0;                     ///< gradcert's S_r on the job's logits
+  double step_seconds = 0;                 ///< the job's own step time, the recording excluded
+  double record_seconds = -1;              ///< what recording the update cost the rank (-1: not recorded)
+  double clip_max_norm = 0;                ///< 0: the job did not call clip_grad_norm_ this update
   std::vector<std::string> grads, params;  ///< one file (whole tensors) or one per rank (pieces)
   bool sharded = false;
   std::map<std::string, std::string> replicas;  ///< NOTE [replica digests]
@@ -64,8 +64,8 @@ struct ObservedJob {
   std::string rebuild, rebuild_error;
   int vocab = 0, max_len = 0;
   std::vector<std::string> frozen;
-  std::string labels;  ///< "hf" | "shifted" | "loss-call" | "" (no forward seen)
-  std::vector<std::string> dropout;  ///< "module[.attribute] p=..." turned off
+  std::string labels;                           ///< "hf" | "shifted" | "loss-call" | "" (no forward seen)
+  std::vector<std::string> dropout;             ///< "module[.attribute] p=..." turned off
   std::string optimizer_class, optimizer_kind;  ///< kind "" : not one the reference steps
   bool sharded = false;
   std::vector<std::string> autocast;

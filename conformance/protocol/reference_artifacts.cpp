@@ -64,7 +64,8 @@ ReferenceRun read_reference_run(const std::string& dir, const Plan& plan, const 
       if (p.contains(list) && p[list].is_array())
         for (const auto& e : p[list]) {
           const std::string d = e.is_object() ? e.value("dtype", std::string()) : std::string();
-          if (d == "bfloat16" || d == "float16" || (d == "float32" && out.lowest_inner_dtype.empty())) out.lowest_inner_dtype = d;
+          if (d == "bfloat16" || d == "float16" || (d == "float32" && out.lowest_inner_dtype.empty()))
+            out.lowest_inner_dtype = d;
         }
     if (!out.float64_throughout && out.lowest_inner_dtype.empty()) out.lowest_inner_dtype = "float32";
   }
@@ -111,7 +112,7 @@ ReferenceRun read_reference_run(const std::string& dir, const Plan& plan, const 
       up.meta.push_back(pm);
       for (const auto& [name, t] : expected)
         pexpect["r" + std::to_string(pm.dp_rank) + ".a" + std::to_string(pm.micro) + "." + name] = {t.shape,
-                                                                                                     DType::Float64};
+                                                                                                    DType::Float64};
     }
     up.grads = read_safetensors(dir + "/u" + std::to_string(u) + ".pieces.safetensors", pexpect);
     auto& sums = out.updates.back().rank_loss_sums;
@@ -122,8 +123,8 @@ ReferenceRun read_reference_run(const std::string& dir, const Plan& plan, const 
     out.pieces.push_back(std::move(up));
   }
   if (!out.forced.empty() && out.forced.size() != out.updates.size())
-    throw ArtifactError(mpath + ": " + std::to_string(out.forced.size()) + " of " +
-                        std::to_string(out.updates.size()) + " updates carry a teacher-forced reference");
+    throw ArtifactError(mpath + ": " + std::to_string(out.forced.size()) + " of " + std::to_string(out.updates.size()) +
+                        " updates carry a teacher-forced reference");
   return out;
 }
 

@@ -23,7 +23,11 @@ namespace fs = std::filesystem;
 
 std::string make_run_nonce() {
   std::random_device rd;
-  std::seed_seq seq{rd(), rd(), rd(), rd(), static_cast<unsigned>(::getpid()),
+  std::seed_seq seq{rd(),
+                    rd(),
+                    rd(),
+                    rd(),
+                    static_cast<unsigned>(::getpid()),
                     static_cast<unsigned>(std::chrono::steady_clock::now().time_since_epoch().count())};
   std::mt19937_64 gen(seq);
   static const char* hex = "0123456789abcdef";
@@ -85,10 +89,16 @@ std::string run_folder_nonce(const std::string& dir) {
 // planted bug, the sampler audit, the external command and the nonce the artifacts must
 // echo. A folder without it (or from before it) is refused, never guessed at.
 void write_run_record(const std::string& dir, const RunRecord& r) {
-  const nlohmann::json j = {{"schema", "gradcert.run/1"}, {"backend", r.backend},    {"world", r.world},
-                            {"tp", r.tp},                 {"pp", r.pp},              {"launcher", r.launcher},
-                            {"inject", r.inject},         {"sampler_audit", r.sampler_audit},
-                            {"command", r.command},       {"nonce", r.nonce}};
+  const nlohmann::json j = {{"schema", "gradcert.run/1"},
+                            {"backend", r.backend},
+                            {"world", r.world},
+                            {"tp", r.tp},
+                            {"pp", r.pp},
+                            {"launcher", r.launcher},
+                            {"inject", r.inject},
+                            {"sampler_audit", r.sampler_audit},
+                            {"command", r.command},
+                            {"nonce", r.nonce}};
   write_file_atomic(dir + "/" + kRunRecordFile, j.dump(1) + "\n");
 }
 

@@ -28,13 +28,13 @@ constexpr const char* kRunRecordFile = "run.json";
 
 /// What `gradcert check` needs to re-check a run folder beyond its spec, plan and artifacts.
 struct RunRecord {
-  std::string backend;           ///< built-in name, or "external"
-  int world = 0, tp = 1, pp = 1; ///< the run's resolved topology (dp = world / (tp x pp))
+  std::string backend;             ///< built-in name, or "external"
+  int world = 0, tp = 1, pp = 1;   ///< the run's resolved topology (dp = world / (tp x pp))
   std::string launcher = "local";  ///< "local" | "mpirun"
-  std::string inject;            ///< the planted bug, "" for none
-  bool sampler_audit = false;    ///< external: the stack sampled on its own
-  std::string command;           ///< external: the command that ran the stack ("" otherwise)
-  std::string nonce;             ///< the run's nonce (NOTE [run nonce])
+  std::string inject;              ///< the planted bug, "" for none
+  bool sampler_audit = false;      ///< external: the stack sampled on its own
+  std::string command;             ///< external: the command that ran the stack ("" otherwise)
+  std::string nonce;               ///< the run's nonce (NOTE [run nonce])
 };
 
 /// Writes <dir>/run.json (schema "gradcert.run/1").

@@ -73,19 +73,16 @@ void write_safetensors_streamed(const std::string& path, const TensorMap& tensor
   json header = json::object();
   int64_t offset = 0;
   for (const auto& [name, t] : tensors) {
-    if (name == "__metadata__")
-      throw ArtifactError(path + ": tensor name '__metadata__' is reserved");
+    if (name == "__metadata__") throw ArtifactError(path + ": tensor name '__metadata__' is reserved");
     int64_t numel = 1;
     for (int64_t d : t.shape) {
-      if (d < 0) throw ArtifactError(path + ": tensor '" + name + "': negative dimension in shape " +
-                                     shape_text(t.shape));
+      if (d < 0)
+        throw ArtifactError(path + ": tensor '" + name + "': negative dimension in shape " + shape_text(t.shape));
       numel *= d;
     }
     const int64_t begin = offset;
     offset += numel * dtype_bytes(t.dtype);
-    header[name] = {{"dtype", safetensors_dtype(t.dtype)},
-                    {"shape", t.shape},
-                    {"data_offsets", {begin, offset}}};
+    header[name] = {{"dtype", safetensors_dtype(t.dtype)}, {"shape", t.shape}, {"data_offsets", {begin, offset}}};
   }
   if (!metadata.empty()) header["__metadata__"] = metadata;
 
@@ -120,10 +117,13 @@ void write_safetensors_streamed(const std::string& path, const TensorMap& tensor
 
 void write_safetensors(const std::string& path, const TensorMap& tensors,
                        const std::map<std::string, std::string>& metadata) {
-  write_safetensors_streamed(path, tensors, [&](const std::string& name, std::vector<double>& out) {
-    const TensorValues v = tensors.at(name).read();
-    out.assign(v.begin(), v.end());
-  }, metadata);
+  write_safetensors_streamed(
+      path, tensors,
+      [&](const std::string& name, std::vector<double>& out) {
+        const TensorValues v = tensors.at(name).read();
+        out.assign(v.begin(), v.end());
+      },
+      metadata);
 }
 
 namespace {
@@ -148,21 +148,18 @@ Entry parse_entry(const std::string& label, const std::string& name, const json&
   const json& dtype = value["dtype"];
   if (!dtype.is_string()) throw fail_tensor(name, "\"dtype\" is not a string");
   if (!parse_safetensors_dtype(dtype.get<std::string>(), e.dtype))
-    throw fail_tensor(name, "unknown dtype '" + dtype.get<std::string>() +
-                                "' (expected F64, F32 or BF16)");
+    throw fail_tensor(name, "unknown dtype '" + dtype.get<std::string>() + "' (expected F64, F32 or BF16)");
 
   const json& shape = value["shape"];
   if (!shape.is_array()) throw fail_tensor(name, "\"shape\" is not an array");
-  const int64_t max_numel =
-      std::numeric_limits<int64_t>::max() / static_cast<int64_t>(dtype_bytes(e.dtype));
+  const int64_t max_numel = std::numeric_limits<int64_t>::max() / static_cast<int64_t>(dtype_bytes(e.dtype));
   e.numel = 1;
   for (const json& d : shape) {
     int64_t dim;
     if (!json_to_int64(d, dim)) throw fail_tensor(name, "\"shape\" holds a non-integer dimension");
     if (dim < 0) throw fail_tensor(name, "\"shape\" holds negative dimension " + std::to_string(dim));
     e.shape.push_back(dim);
-    if (dim != 0 && e.numel > max_numel / dim)
-      throw fail_tensor(name, "shape size overflows");
+    if (dim != 0 && e.numel > max_numel / dim) throw fail_tensor(name, "shape size overflows");
     e.numel *= dim;
   }
   if (e.numel > max_numel) throw fail_tensor(name, "shape size overflows");
@@ -172,17 +169,16 @@ Entry parse_entry(const std::string& label, const std::string& name, const json&
       !json_to_int64(offsets[1], e.end) || e.begin < 0)
     throw fail_tensor(name, "\"data_offsets\" is not two non-negative integers");
   if (e.begin > e.end)
-    throw fail_tensor(name, "data_offsets [" + std::to_string(e.begin) + "," +
-                                std::to_string(e.end) + "] begin past end");
+    throw fail_tensor(name,
+                      "data_offsets [" + std::to_string(e.begin) + "," + std::to_string(e.end) + "] begin past end");
   if (static_cast<uint64_t>(e.end) > data_len)
-    throw fail_tensor(name, "data_offsets end " + std::to_string(e.end) +
-                                " lies beyond the data section of " + std::to_string(data_len) +
-                                " bytes (file truncated?)");
+    throw fail_tensor(name, "data_offsets end " + std::to_string(e.end) + " lies beyond the data section of " +
+                                std::to_string(data_len) + " bytes (file truncated?)");
   const int64_t want = e.numel * static_cast<int64_t>(dtype_bytes(e.dtype));
   if (e.end - e.begin != want)
-    throw fail_tensor(name, "data_offsets span " + std::to_string(e.end - e.begin) +
-                                " bytes but shape " + shape_text(e.shape) + " of " +
-                                safetensors_dtype(e.dtype) + " needs " + std::to_string(want));
+    throw fail_tensor(name, "data_offsets span " + std::to_string(e.end - e.begin) + " bytes but shape " +
+                                shape_text(e.shape) + " of " + safetensors_dtype(e.dtype) + " needs " +
+                                std::to_string(want));
   return e;
 }
 
@@ -200,8 +196,7 @@ void check_tiling(const std::string& label, const std::vector<Entry>& entries, u
   int64_t covered = 0;
   const Entry* prev = nullptr;
   for (const Entry* e : by_offset) {
-    if (e->begin < covered)
-      throw fail_tensor(e->name, "data_offsets overlap those of tensor '" + prev->name + "'");
+    if (e->begin < covered) throw fail_tensor(e->name, "data_offsets overlap those of tensor '" + prev->name + "'");
     if (e->begin > covered)
       throw fail_tensor(e->name, "data_offsets begin at " + std::to_string(e->begin) + ", leaving a gap of " +
                                      std::to_string(e->begin - covered) + " bytes after " +
@@ -224,15 +219,12 @@ void check_expected(const std::string& label, const std::vector<Entry>& entries,
     // Not a structured binding: C++17 lambdas cannot capture one (clang rejects it).
     const std::string& name = kv.first;
     const TensorExpectation& want = kv.second;
-    auto it = std::find_if(entries.begin(), entries.end(),
-                           [&name](const Entry& e) { return e.name == name; });
+    auto it = std::find_if(entries.begin(), entries.end(), [&name](const Entry& e) { return e.name == name; });
     if (it == entries.end()) throw fail("tensor '" + name + "' is missing");
     if (it->shape != want.shape)
-      throw fail_tensor(name, "shape " + shape_text(it->shape) + " but the plan expects " +
-                                  shape_text(want.shape));
+      throw fail_tensor(name, "shape " + shape_text(it->shape) + " but the plan expects " + shape_text(want.shape));
     if (it->dtype != want.dtype)
-      throw fail_tensor(name, "dtype " + dtype_name(it->dtype) + " but the plan expects " +
-                                  dtype_name(want.dtype));
+      throw fail_tensor(name, "dtype " + dtype_name(it->dtype) + " but the plan expects " + dtype_name(want.dtype));
   }
   for (const Entry& e : entries)
     if (!expect.count(e.name)) throw fail("tensor '" + e.name + "' is not expected");
@@ -261,8 +253,10 @@ std::vector<Entry> parse_header(const std::string& label, const std::string& hea
     if (name == "__metadata__") {
       if (!value.is_object()) throw fail("\"__metadata__\" is not a JSON object");
       for (const auto& [key, v] : value.items())
-        if (!v.is_string()) throw fail("\"__metadata__\" entry '" + key + "' is not a string");
-        else if (metadata) (*metadata)[key] = v.get<std::string>();
+        if (!v.is_string())
+          throw fail("\"__metadata__\" entry '" + key + "' is not a string");
+        else if (metadata)
+          (*metadata)[key] = v.get<std::string>();
       continue;
     }
     entries.push_back(parse_entry(label, name, value, data_len));
@@ -347,8 +341,7 @@ TensorMap open_header(const std::string& path, uint64_t cap, const std::map<std:
 
 }  // namespace
 
-TensorMap read_safetensors(const std::string& path,
-                           const std::map<std::string, TensorExpectation>& expect) {
+TensorMap read_safetensors(const std::string& path, const std::map<std::string, TensorExpectation>& expect) {
   // The cap (NOTE [artifact files]): the expected tensors' bytes, the length field and a
   // header within the parser's limit; a file read without expectations is not capped.
   uint64_t cap = std::numeric_limits<uint64_t>::max();

@@ -33,8 +33,7 @@ struct TensorExpectation {
 /// must match exactly and each tensor's shape and dtype must match. Any violation throws
 /// ArtifactError naming the file and the tensor. Never crashes on hostile input. Only the
 /// header is read: the tensors are streamed (NOTE [streamed tensors]).
-TensorMap read_safetensors(const std::string& path,
-                           const std::map<std::string, TensorExpectation>& expect = {});
+TensorMap read_safetensors(const std::string& path, const std::map<std::string, TensorExpectation>& expect = {});
 
 /// Reads a safetensors file's header as strictly as read_safetensors, with no expectation of
 /// its names (a shard file, NOTE [shard artifacts]): the file may hold at most `max_data_bytes`

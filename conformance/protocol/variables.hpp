@@ -15,8 +15,8 @@ inline constexpr const char* kInit = "GRADCERT_INIT";
 inline constexpr const char* kOut = "GRADCERT_OUT";
 inline constexpr const char* kNproc = "GRADCERT_NPROC";
 inline constexpr const char* kMasterPort = "GRADCERT_MASTER_PORT";
-inline constexpr const char* kSampler = "GRADCERT_SAMPLER";  ///< "plan" | "own" (--sampler-audit)
-inline constexpr const char* kDevice = "GRADCERT_DEVICE";    ///< "cpu" | "cuda" (NOTE [device])
+inline constexpr const char* kSampler = "GRADCERT_SAMPLER";     ///< "plan" | "own" (--sampler-audit)
+inline constexpr const char* kDevice = "GRADCERT_DEVICE";       ///< "cpu" | "cuda" (NOTE [device])
 inline constexpr const char* kRunNonce = "GRADCERT_RUN_NONCE";  ///< NOTE [run nonce]
 // A resumed run's legs (NOTE [resume]).
 inline constexpr const char* kSaveAt = "GRADCERT_SAVE_AT";

@@ -81,8 +81,10 @@ std::vector<RunPlan> certify_matrix(const CertifyOptions& o) {
       CertifyTopology m = s->primary;
       if (s->mutant_world > 0) m.world = s->mutant_world;
       for (const auto& name : mutant_names(s->name)) {
-        if (needs_resume(parse_mutant(name))) add_resumed(*s, m, name);
-        else add(s->name, m, base_opt, o.spec.dtype, name);
+        if (needs_resume(parse_mutant(name)))
+          add_resumed(*s, m, name);
+        else
+          add(s->name, m, base_opt, o.spec.dtype, name);
       }
     }
   return out;
@@ -143,7 +145,8 @@ Report run_certify(const CertifyOptions& o, std::ostream& progress) {
     LaunchedRunPtr launched = launch_run(req, !checking.valid());
     join();
     if (checks_start_no_process(req) && i + 1 < requests.size() && !requests[i + 1].request.inject.empty()) {
-      checking = std::async(std::launch::async, [run = std::move(launched)]() mutable { return check_launched(std::move(run)); });
+      checking = std::async(std::launch::async,
+                            [run = std::move(launched)]() mutable { return check_launched(std::move(run)); });
       checking_run = i;
     } else {
       keep(i, check_launched(std::move(launched)));

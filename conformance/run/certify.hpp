@@ -10,8 +10,8 @@ namespace gradcert {
 struct CertifyOptions {
   Spec spec;
   LauncherKind launcher = LauncherKind::Local;
-  bool mutants = true;   ///< also run every mutant of every backend
-  std::string out_dir;   ///< the report folder; runs go under <out_dir>/runs/
+  bool mutants = true;  ///< also run every mutant of every backend
+  std::string out_dir;  ///< the report folder; runs go under <out_dir>/runs/
   std::string exe;
 };
 

@@ -104,7 +104,8 @@ RunMemoryEvidence add_memory_and_throughput(RunReport& report, const Spec& spec,
   if (report.resume_at > 0)
     for (int r = 0; r < report.topology.world(); ++r) {
       std::error_code ec;
-      if (!fs::exists(dir + "/leg1.memory/rank" + std::to_string(r) + ".memory.json", ec)) continue;  // a first leg that measured none
+      if (!fs::exists(dir + "/leg1.memory/rank" + std::to_string(r) + ".memory.json", ec))
+        continue;  // a first leg that measured none
       for (const auto& p : read_rank_memory(dir + "/leg1.memory", r).peaks) {
         m.peaks.push_back(p);
         real_save = std::max(real_save, p.seconds);
@@ -182,7 +183,8 @@ CheckResult check_checkpoint(const Spec& spec, const Plan& plan, const std::stri
                        std::to_string(next.epoch) + " window " + std::to_string(next.index_in_epoch));
   const auto type = scalar_type(spec.dtype);
   for (const auto& [name, had] : run.at(K - 1).params_after) {
-    const torch::Tensor saved = from_host(cp.tensors.at("param." + name), scalar_type(checkpoint_dtype(spec.dtype))).to(type);
+    const torch::Tensor saved =
+        from_host(cp.tensors.at("param." + name), scalar_type(checkpoint_dtype(spec.dtype))).to(type);
     const torch::Tensor held = from_host(had, type);
     if (torch::equal(saved, held)) continue;
     const auto differ = saved.ne(held).reshape({-1});
@@ -217,8 +219,8 @@ std::vector<BackendUpdate> read_legs(const RunPlan& run, const TensorMap& shapes
   const int K = spec.resume.at, N = static_cast<int>(plan.windows.size());
   std::vector<BackendUpdate> artifacts =
       read_run(req.run_dir, plan, plan.world(), shapes, spec.dtype, nonce, {"leg1.", 0, K});
-  for (auto& u : read_run(req.run_dir, run.checked, run.final_leg().plan.world(), shapes, spec.dtype, nonce,
-                          {"leg2.", K, N - K}))
+  for (auto& u :
+       read_run(req.run_dir, run.checked, run.final_leg().plan.world(), shapes, spec.dtype, nonce, {"leg2.", K, N - K}))
     artifacts.push_back(std::move(u));
   return artifacts;
 }
@@ -241,9 +243,9 @@ Judged python_reference(RunReport& report, const RunPlan& run, const std::vector
   const std::string factory = spec.model.factory.empty() ? "" : " --factory '" + spec.model.factory + "'";
   // The pieces are taken at the stack's own parameters (NOTE [pieces at the stack's
   // parameters]): the diagnosis then judges every update, diverged or not.
-  run_python_tool(spec, "reference", "--run-dir '" + req.run_dir + "' --out '" + ref_dir + "'" + factory +
-                                         (req.sampler_audit ? " --ids-from-ranks" : "") + " --pieces-at '" +
-                                         req.run_dir + "'",
+  run_python_tool(spec, "reference",
+                  "--run-dir '" + req.run_dir + "' --out '" + ref_dir + "'" + factory +
+                      (req.sampler_audit ? " --ids-from-ranks" : "") + " --pieces-at '" + req.run_dir + "'",
                   work_dir, "reference-log", run.python);
   ReferenceRun ref = read_reference_run(ref_dir, plan, shapes);
   j.reference = std::move(ref.updates);
@@ -259,13 +261,14 @@ Judged python_reference(RunReport& report, const RunPlan& run, const std::vector
     j.parity_tol = bf ? spec.tolerance.bfloat16 : spec.tolerance.float32;
     j.scale_tol = bf ? spec.tolerance.scale_bfloat16 : spec.tolerance.scale_float32;
   }
-  report.diagnosis = diagnose(ref.pieces, j.reference, artifacts, plan.dp, plan.accum, j.parity_tol, ref.pieces_at_stack);
+  report.diagnosis =
+      diagnose(ref.pieces, j.reference, artifacts, plan.dp, plan.accum, j.parity_tol, ref.pieces_at_stack);
   if (!ref.float64_throughout)
-    report.diagnosis.note += "; NOTE: the model computes in lower precision inside although cast to float64 (" +
-                             ref.precision_note + ")" +
-                             (j.parity_tol != spec.parity_tolerance()
-                                  ? ": held to " + ref.lowest_inner_dtype + "'s calibrated tolerances (NOTE [inner precision])"
-                                  : std::string());
+    report.diagnosis.note +=
+        "; NOTE: the model computes in lower precision inside although cast to float64 (" + ref.precision_note + ")" +
+        (j.parity_tol != spec.parity_tolerance()
+             ? ": held to " + ref.lowest_inner_dtype + "'s calibrated tolerances (NOTE [inner precision])"
+             : std::string());
   return j;
 }
 
@@ -286,8 +289,7 @@ Judged cpp_reference(RunReport& report, const RunPlan& run, const std::vector<Ba
     free = cache.keep(spec, ref_plan, free_running_reference(spec, ref_plan));
   References refs = run_references(spec, ref_plan, artifacts, spill_dir, free);
   report.diagnosis.note = "no diagnosis: the C++ reference computes no per-piece gradients (run with --model)";
-  return Judged{std::move(refs.free_running), std::move(refs.forced), spec.parity_tolerance(),
-                spec.scale_tolerance()};
+  return Judged{std::move(refs.free_running), std::move(refs.forced), spec.parity_tolerance(), spec.scale_tolerance()};
 }
 
 // A resumed run's own findings: a trajectory that breaks exactly where the second leg began,
@@ -361,14 +363,15 @@ void check_artifacts(RunReport& report, const RunPlan& run, const std::string& n
       if (run.resumed()) report.throughput.save_pause_seconds = stack_save_seconds(req.run_dir + "/" + kCheckpointDir);
     } else {
       // A resumed run's memory is its second leg's, at that leg's world (NOTE [resume]).
-      memory = run.resumed()
-                   ? add_memory_and_throughput(report, run.final_leg().spec, run.final_leg().plan, req.run_dir, artifacts)
-                   : add_memory_and_throughput(report, spec, plan, req.run_dir, artifacts);
+      memory = run.resumed() ? add_memory_and_throughput(report, run.final_leg().spec, run.final_leg().plan,
+                                                         req.run_dir, artifacts)
+                             : add_memory_and_throughput(report, spec, plan, req.run_dir, artifacts);
       input.memory = &memory;
     }
     report.checks = run_checks(input);
     if (spec.resume.at > 0) resume_findings(report, run, nonce, shapes, artifacts);
-    report.tensor_errors = tensor_errors(j.forced.empty() ? j.reference : j.forced, artifacts);  // per-tensor figures (HTML report)
+    report.tensor_errors =
+        tensor_errors(j.forced.empty() ? j.reference : j.forced, artifacts);  // per-tensor figures (HTML report)
   } catch (const ArtifactError& e) {
     report.error = std::string("bad artifacts: ") + e.what();
   } catch (const std::runtime_error& e) {  // the reference runner failed

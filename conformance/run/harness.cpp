@@ -201,8 +201,8 @@ std::string leg_title(const RunPlan& run, const RunReport& report, size_t i) {
   if (!run.resumed()) return "";
   const int K = run.spec.resume.at;
   if (i == 0) return "first leg (updates 0.." + std::to_string(K - 1) + "): ";
-  return "second leg (" + report.resume_backend + " on " + std::to_string(run.legs[i].plan.world()) + " ranks, updates " +
-         std::to_string(K) + ".." + std::to_string(run.plan.windows.size() - 1) + "): ";
+  return "second leg (" + report.resume_backend + " on " + std::to_string(run.legs[i].plan.world()) +
+         " ranks, updates " + std::to_string(K) + ".." + std::to_string(run.plan.windows.size() - 1) + "): ";
 }
 
 // The checkpoint the first leg saved, in gradcert's form and complete; "" when it is, else why not.
@@ -253,8 +253,8 @@ LaunchedRunPtr launch_run(const RunPlan& run, bool early_reference) {
   }
   if (!launched.ok) launched.message = source->failure(launched.message);
   source.reset();  // the store of the built-in ranks' last leg
-  LaunchedRunPtr out(new LaunchedRun{run, std::move(report), nonce, std::move(launched), std::move(incomplete),
-                                     std::move(early), 0});
+  LaunchedRunPtr out(
+      new LaunchedRun{run, std::move(report), nonce, std::move(launched), std::move(incomplete), std::move(early), 0});
   out->launch_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return out;
 }
@@ -321,8 +321,9 @@ CheckedRun check_run(const CheckRequest& c) {
   // The inputs the ranks consumed are the spec's (with --spec, only the plan's windows count).
   expect_input_file(dir + "/plan.json", nlohmann::json::parse(plan_to_json(run.plan, spec)), !c.spec_path.empty(),
                     "plan");
-  if (run.external()) expect_input_file(dir + "/dataset.json", nlohmann::json::parse(dataset_json(external_samples(spec))), false,
-                                       "dataset");
+  if (run.external())
+    expect_input_file(dir + "/dataset.json", nlohmann::json::parse(dataset_json(external_samples(spec))), false,
+                      "dataset");
   if (run.resumed()) {  // the second leg's inputs (NOTE [resume])
     const RunLegPlan& second = run.final_leg();
     expect_input_file(dir + "/leg2.plan.json", nlohmann::json::parse(plan_to_json(second.plan, second.spec)),

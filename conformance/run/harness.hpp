@@ -64,7 +64,7 @@ struct CheckRequest {
 /// dataset.json the spec does not make throws (std::invalid_argument, SpecError or
 /// ArtifactError naming the file); missing or bad artifacts set RunReport::error naming the file.
 struct CheckedRun {
-  Spec spec;  ///< the spec the run was checked on (its topology applied)
+  Spec spec;                                    ///< the spec the run was checked on (its topology applied)
   LauncherKind launcher = LauncherKind::Local;  ///< the run's
   RunReport report;
 };

@@ -57,7 +57,9 @@ std::string progress(const std::string& dir, int world) {
   for (int g = 0; g < world; ++g) {
     const int k = updates_recorded(dir, g);
     out += (g ? ", " : "") + std::string("rank ") + std::to_string(g) + ": " +
-           (k == 0 ? "none" : k == 1 ? "update 0" : "updates 0.." + std::to_string(k - 1));
+           (k == 0   ? "none"
+            : k == 1 ? "update 0"
+                     : "updates 0.." + std::to_string(k - 1));
   }
   return out;
 }
@@ -66,12 +68,14 @@ std::string progress(const std::string& dir, int world) {
 // differs: the rank that died or stopped is the one that recorded least. "" when all agree.
 std::string first_to_end(const std::string& dir, int world) {
   int lo = 1 << 30, hi = 0;
-  for (int g = 0; g < world; ++g) lo = std::min(lo, updates_recorded(dir, g)), hi = std::max(hi, updates_recorded(dir, g));
+  for (int g = 0; g < world; ++g)
+    lo = std::min(lo, updates_recorded(dir, g)), hi = std::max(hi, updates_recorded(dir, g));
   if (lo == hi) return "";
   std::string ranks;
   for (int g = 0; g < world; ++g)
     if (updates_recorded(dir, g) == lo) ranks += (ranks.empty() ? "" : ", ") + std::to_string(g);
-  return "rank " + ranks + " ended first, " + (lo == 0 ? "before recording any update" : "after recording update " + std::to_string(lo - 1)) +
+  return "rank " + ranks + " ended first, " +
+         (lo == 0 ? "before recording any update" : "after recording update " + std::to_string(lo - 1)) +
          " (another rank got through update " + std::to_string(hi - 1) + "): ";
 }
 
@@ -90,7 +94,8 @@ std::string rank_errors(const std::string& dir) {
 std::string rank_deaths(const std::string& dir) {
   std::string out;
   auto deaths = read_observed_errors(dir, "died");  // the earliest update first: the cause, then its echoes
-  std::stable_sort(deaths.begin(), deaths.end(), [](const ObservedError& a, const ObservedError& b) { return a.update < b.update; });
+  std::stable_sort(deaths.begin(), deaths.end(),
+                   [](const ObservedError& a, const ObservedError& b) { return a.update < b.update; });
   for (const auto& e : deaths)
     out += std::string(out.empty() ? "" : "\n") + "rank " + std::to_string(e.rank) + " died in update " +
            std::to_string(e.update) + ": " + e.error + (e.where.empty() ? "" : " (" + e.where + ")");
@@ -107,7 +112,8 @@ void name_examples(RunReport& report, const std::map<int64_t, std::string>& name
     auto from = c.detail.cbegin();
     for (std::smatch m; std::regex_search(from, c.detail.cend(), m, id_by); from = m.suffix().first) {
       const auto it = names.find(std::stoll(m[1].str()));
-      out += std::string(from, m[0].first) + "id " + m[1].str() + (it == names.end() ? "" : " (" + it->second + ")") + " by ";
+      out += std::string(from, m[0].first) + "id " + m[1].str() + (it == names.end() ? "" : " (" + it->second + ")") +
+             " by ";
     }
     c.detail = out + std::string(from, c.detail.cend());
   }
@@ -119,7 +125,8 @@ void skip_params_checks(RunReport& report, const std::string& why) {
     if (c.id == "params.parity" || c.id == "params.trajectory") {
       c.verdict = Verdict::Skip;
       c.figure = 0;
-      c.detail = "the job's optimizer is " + why + ", which gradcert's reference does not step (SGD, Adam, AdamW "
+      c.detail = "the job's optimizer is " + why +
+                 ", which gradcert's reference does not step (SGD, Adam, AdamW "
                  "without amsgrad / nesterov / dampening / maximize): the gradients are compared, the step is not";
     }
 }
@@ -128,10 +135,15 @@ void skip_params_checks(RunReport& report, const std::string& why) {
 // command, K, --expect-batch, --model, dropout, device) and its nonce, so that `gradcert check`
 // judges the folder again as `gradcert observe` did, from the job's own records in it.
 void write_observe_record(const ObserveRequest& req, const std::string& nonce) {
-  const nlohmann::json j = {{"schema", "gradcert.observe/1"}, {"argv", req.argv}, {"updates", req.updates},
-                            {"expect_batch", req.expect_batch}, {"model", req.model},
-                            {"keep_dropout", req.keep_dropout}, {"device", req.device},
-                            {"out_dir", req.out_dir}, {"nonce", nonce}};
+  const nlohmann::json j = {{"schema", "gradcert.observe/1"},
+                            {"argv", req.argv},
+                            {"updates", req.updates},
+                            {"expect_batch", req.expect_batch},
+                            {"model", req.model},
+                            {"keep_dropout", req.keep_dropout},
+                            {"device", req.device},
+                            {"out_dir", req.out_dir},
+                            {"nonce", nonce}};
   write_file_atomic(req.run_dir + "/observe.json", j.dump(1));
 }
 
@@ -205,9 +217,11 @@ std::string observe_command(const ObserveRequest& req) {
 }
 
 RunReport observe_job(const ObserveRequest& req, RunPlan* run) {
-  if (req.argv.empty()) throw std::invalid_argument("gradcert observe: no command after `--` (e.g. -- torchrun ... train.py)");
+  if (req.argv.empty())
+    throw std::invalid_argument("gradcert observe: no command after `--` (e.g. -- torchrun ... train.py)");
   if (req.updates < 1) throw std::invalid_argument("--updates: must be >= 1, got " + std::to_string(req.updates));
-  if (req.expect_batch < 0) throw std::invalid_argument("--expect-batch: must be >= 1, got " + std::to_string(req.expect_batch));
+  if (req.expect_batch < 0)
+    throw std::invalid_argument("--expect-batch: must be >= 1, got " + std::to_string(req.expect_batch));
   const auto t0 = std::chrono::steady_clock::now();
   const std::string& dir = req.run_dir;
   RunReport report;
@@ -215,7 +229,7 @@ RunReport observe_job(const ObserveRequest& req, RunPlan* run) {
   report.run_dir = dir;
   report.updates = req.updates;
   const std::string nonce = prepare_run_folder(dir);  // NOTE [run nonce]
-  write_observe_record(req, nonce);  // NOTE [observe record]
+  write_observe_record(req, nonce);                   // NOTE [observe record]
   // The job's own launch command under the recorder's variables (NOTE [run sources]).
   const auto source = observed_job(req.argv, dir, req.updates, req.keep_dropout, req.device, req.timeout_s);
   const LaunchResult launched = launch(source->leg(0, nonce));
@@ -235,7 +249,8 @@ RunReport observe_job(const ObserveRequest& req, RunPlan* run) {
   }
   if (!exists(dir + "/observed.json")) {
     report.error = launched.ok ? "the job ended (exit 0) without recording anything: no gradcert integration ran in it "
-                                 "(no observed.json in " + dir + "); " + kWhy
+                                 "(no observed.json in " +
+                                     dir + "); " + kWhy
                                : failed + "\nIt recorded nothing (no observed.json): if the job does run, " + kWhy;
     return finish(report);
   }
@@ -255,7 +270,8 @@ RunReport observe_job(const ObserveRequest& req, RunPlan* run) {
     report.error = "rank " + std::to_string(job.world) + " recorded update 0, but the job started with world " +
                    std::to_string(job.world) + " (the world changed mid-run): gradcert observe certifies one world";
   else if (!launched.ok)
-    report.error = first_to_end(dir, job.world) + failed + "\nWhat every rank recorded before it ended: " + progress(dir, job.world) +
+    report.error = first_to_end(dir, job.world) + failed +
+                   "\nWhat every rank recorded before it ended: " + progress(dir, job.world) +
                    (done < req.updates ? " (update " + std::to_string(done) + " never completed)" : "");
   else if (done < req.updates)
     report.error = "the job ended (exit 0) after " + std::to_string(done) + " of the --updates " +
@@ -279,7 +295,7 @@ CheckedRun check_observed(const CheckRequest& c) {
   ObserveRequest req = read_observe_record(c.run_dir, nonce);
   if (run_folder_nonce(c.run_dir) != nonce)
     throw ArtifactError(c.run_dir + "/observe.json: field 'nonce' is not the run folder's: an observe.json from "
-                        "another run?");
+                                    "another run?");
   const ObservedJob job = read_observed_job(c.run_dir, nonce);
   std::error_code ec;
   fs::create_directories(c.work_dir, ec);

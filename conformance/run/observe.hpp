@@ -19,19 +19,19 @@ struct ObserveRequest {
   std::vector<std::string> argv;  ///< the job's command, run verbatim (e.g. torchrun ... train.py --flags)
   int updates = 3;                ///< K: the first K optimizer updates are certified, then the job is ended
   int64_t expect_batch = 0;       ///< B_update the job must hold (0: the job's own settings, else what it did)
-  std::string model;              ///< FILE.py:FUNC or module:FUNC the reference rebuilds the model with ("" : the job's)
-  bool keep_dropout = false;      ///< refuse a model with dropout instead of turning it off
-  std::string run_dir;            ///< created; receives the job's records, the run folder's files, the job's log
-  std::string out_dir;            ///< the report folder (--out) the Reproduce line names ("" : run_dir)
-  double timeout_s = 1800;        ///< the whole job, launch to its K-th update
-  std::string device = "cpu";     ///< resolved --device: the job's parameters must be there (GRADCERT_DEVICE)
+  std::string model;           ///< FILE.py:FUNC or module:FUNC the reference rebuilds the model with ("" : the job's)
+  bool keep_dropout = false;   ///< refuse a model with dropout instead of turning it off
+  std::string run_dir;         ///< created; receives the job's records, the run folder's files, the job's log
+  std::string out_dir;         ///< the report folder (--out) the Reproduce line names ("" : run_dir)
+  double timeout_s = 1800;     ///< the whole job, launch to its K-th update
+  std::string device = "cpu";  ///< resolved --device: the job's parameters must be there (GRADCERT_DEVICE)
 };
 
 /// What the job's records make (NOTE [observed plan] in observed_plan.cpp): the run plan the
 /// checks read, and what the report says about the job beside the checks.
 struct ObservedRun {
   RunPlan run;
-  std::string notes;              ///< the job's facts: integration, batch source, dropout, optimizer, labels
+  std::string notes;                  ///< the job's facts: integration, batch source, dropout, optimizer, labels
   std::string unsupported_optimizer;  ///< "" : the reference steps the job's optimizer; else why not (params.* skip)
   std::map<int64_t, std::string> example_names;  ///< id -> "content KEY, tokens 5 9 2 ..." (the ledger names them)
 };

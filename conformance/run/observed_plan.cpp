@@ -64,9 +64,13 @@ bool flag(const json& g, const char* key) {
 // One torch param group as gradcert's reference steps it ({params, name, lr, momentum,
 // weight_decay, beta1, beta2, eps}); sets `unsupported` to why the reference cannot step it.
 json reference_group(const json& g, const std::string& kind, const std::string& cls, std::string& unsupported) {
-  json out = {{"params", g.at("params")}, {"lr", g.at("lr").get<double>()},
-              {"weight_decay", number_or(g, "weight_decay", 0)}, {"momentum", 0.0},
-              {"beta1", 0.9}, {"beta2", 0.999}, {"eps", 1e-8}};
+  json out = {{"params", g.at("params")},
+              {"lr", g.at("lr").get<double>()},
+              {"weight_decay", number_or(g, "weight_decay", 0)},
+              {"momentum", 0.0},
+              {"beta1", 0.9},
+              {"beta2", 0.999},
+              {"eps", 1e-8}};
   auto refuse = [&](const std::string& why) {
     if (unsupported.empty()) unsupported = cls + " with " + why;
   };
@@ -78,8 +82,8 @@ json reference_group(const json& g, const std::string& kind, const std::string& 
     if (flag(g, "nesterov")) refuse("nesterov=True");
   } else if (kind == "adam" || kind == "adamw") {
     out["name"] = kind == "adam" && !flag(g, "decoupled_weight_decay") ? "adam" : "adamw";
-    if (auto b = g.find("betas"); b != g.end() && b->is_array() && b->size() == 2 && (*b)[0].is_number() &&
-                                  (*b)[1].is_number()) {
+    if (auto b = g.find("betas");
+        b != g.end() && b->is_array() && b->size() == 2 && (*b)[0].is_number() && (*b)[1].is_number()) {
       out["beta1"] = (*b)[0].get<double>();
       out["beta2"] = (*b)[1].get<double>();
     }
@@ -114,8 +118,8 @@ std::string observing_cost(const std::vector<std::vector<ObservedUpdate>>& rec) 
   const double median = n % 2 ? ratios[n / 2] : (ratios[n / 2 - 1] + ratios[n / 2]) / 2;
   char ratio[32];
   std::snprintf(ratio, sizeof ratio, "%.2f", median);
-  return "; observing cost: the job's step took " + std::string(ratio) + "x its time without the recording (median of " +
-         std::to_string(n) + " updates, NOTE [observing cost])";
+  return "; observing cost: the job's step took " + std::string(ratio) +
+         "x its time without the recording (median of " + std::to_string(n) + " updates, NOTE [observing cost])";
 }
 
 std::string range_text(int n) { return n == 1 ? "update 0" : "updates 0.." + std::to_string(n - 1); }
@@ -130,9 +134,10 @@ Records read_records(const std::string& dir, const ObservedJob& job, int K, cons
     for (int g = 0; g < W; ++g) {
       rec[u].push_back(read_observed_update(dir, g, u, nonce));
       if (rec[u].back().world != W)
-        throw std::invalid_argument("rank " + std::to_string(g) + ", update " + std::to_string(u) + ": the job's world is " +
-                                    std::to_string(rec[u].back().world) + " there, " + std::to_string(W) +
-                                    " when it started (the world changed mid-run): gradcert observe certifies one world");
+        throw std::invalid_argument(
+            "rank " + std::to_string(g) + ", update " + std::to_string(u) + ": the job's world is " +
+            std::to_string(rec[u].back().world) + " there, " + std::to_string(W) +
+            " when it started (the world changed mid-run): gradcert observe certifies one world");
       if (rec[u].back().sharded != job.sharded)
         throw std::invalid_argument(observed_update_file(g, u) + ": its tensors are " +
                                     (job.sharded ? "whole" : "pieces") + ", observed.json says the model is " +
@@ -199,13 +204,14 @@ Plan plan_shape(const ObserveRequest& req, const ObservedJob& job, const Records
   } else {
     plan.update_batch = update_batch_size(plan.micro, plan.accum, W);
     a.batch_source = "what the job did (B_micro x A x D = " + std::to_string(plan.micro) + " x " +
-                     std::to_string(plan.accum) + " x " + std::to_string(W) + "; pass --expect-batch B to hold it to a figure)";
+                     std::to_string(plan.accum) + " x " + std::to_string(W) +
+                     "; pass --expect-batch B to hold it to a figure)";
   }
   a.job_dataset = job_integer(job.job, "dataset_size");
   const bool drop_last = flag(job.job, "drop_last");
   const int64_t job_windows = job_integer(job.job, "windows_per_epoch");  // the job's loader length / A, where seen
   const int64_t B = plan.update_batch;
-  plan.windows_per_epoch = job_windows > 0      ? static_cast<int>(job_windows)
+  plan.windows_per_epoch = job_windows > 0     ? static_cast<int>(job_windows)
                            : a.job_dataset > 0 ? static_cast<int>(drop_last ? std::max<int64_t>(1, a.job_dataset / B)
                                                                             : (a.job_dataset + B - 1) / B)
                                                : K + 1;
@@ -267,7 +273,8 @@ void expect_protocol_files(int u, const std::vector<ObservedUpdate>& ranks, bool
       const std::string want = sharded ? shard_file(u, static_cast<int>(g), kind) : tensor_file(u, kind);
       if ((sharded || g == 0) && (files->size() != 1 || files->front() != want))
         throw ArtifactError(observed_update_file(static_cast<int>(g), u) + ": field '" + kind + "' names " +
-                            (files->empty() ? std::string("no file") : files->front()) + ", the protocol's file is " + want);
+                            (files->empty() ? std::string("no file") : files->front()) + ", the protocol's file is " +
+                            want);
     }
   }
 }
@@ -300,8 +307,9 @@ std::string observed_model(const ObserveRequest& req, const ObservedJob& job, Sp
     return job.rebuild;
   }
   throw std::invalid_argument("gradcert cannot rebuild the job's model " + job.model_class + " for the reference" +
-                              (job.rebuild_error.empty() ? std::string(": it is not a Hugging Face PreTrainedModel")
-                                                         : ": pickling the job's module at watch() failed: " + job.rebuild_error) +
+                              (job.rebuild_error.empty()
+                                   ? std::string(": it is not a Hugging Face PreTrainedModel")
+                                   : ": pickling the job's module at watch() failed: " + job.rebuild_error) +
                               ". Pass gradcert.watch(model, optimizer, factory=FUNC), FUNC(vocab_size, max_len) -> the "
                               "model (or --model FILE.py:FUNC)");
 }
@@ -310,7 +318,8 @@ std::string observed_model(const ObserveRequest& req, const ObservedJob& job, Sp
 std::string observed_spec(const ObserveRequest& req, const ObservedJob& job, const Plan& plan, const Assembly& a,
                           ObservedRun& out) {
   Spec& spec = out.run.spec;
-  if (job.vocab <= 0) throw std::invalid_argument("observed.json: the integration saw no forward's logits (model.vocab is null)");
+  if (job.vocab <= 0)
+    throw std::invalid_argument("observed.json: the integration saw no forward's logits (model.vocab is null)");
   spec.model.vocab = job.vocab;
   spec.model.max_len = std::max<int>(job.max_len, static_cast<int>(a.longest));
   const std::string model_source = observed_model(req, job, spec);
@@ -343,8 +352,8 @@ std::string job_facts(const ObservedJob& job, const RunPlan& run, const Assembly
                       const Records& rec) {
   std::string facts = "observed " + range_text(static_cast<int>(rec.size())) + " of `" + run.request.command +
                       "` through " + job.integration + " (world " + std::to_string(job.world) + ", " + job.model_class +
-                      ", " + job.dtype + "); B_update from " + a.batch_source + "; the reference rebuilt the model from " +
-                      model_source + "; optimizer " + job.optimizer_class +
+                      ", " + job.dtype + "); B_update from " + a.batch_source +
+                      "; the reference rebuilt the model from " + model_source + "; optimizer " + job.optimizer_class +
                       (a.clip > 0 ? ", clip_grad_norm_ max_norm " + figure_text(a.clip) : std::string()) + "; labels " +
                       (job.labels.empty() ? "?" : job.labels) +
                       (job.hf_loss_type.empty() ? std::string() : " (HF loss_type " + job.hf_loss_type + ")");

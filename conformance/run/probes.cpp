@@ -66,7 +66,8 @@ std::vector<PhasePeak> merge_phases(const std::vector<PhasePeak>& recorded) {
 // runs the same sequence, so collectives stay matched; no artifacts are written for it.
 }  // namespace
 
-void measure_buckets(RankContext& ctx, const std::string& backend_name, const std::string& scratch_dir, RankMemory& out) {
+void measure_buckets(RankContext& ctx, const std::string& backend_name, const std::string& scratch_dir,
+                     RankMemory& out) {
   const Plan* planned = ctx.plan;
   for (auto bucket : {LengthBucket::Short, LengthBucket::Typical, LengthBucket::Long}) {
     const Plan probe = bucket_plan(*ctx.spec, *planned, bucket, 2);
@@ -102,7 +103,6 @@ void measure_buckets(RankContext& ctx, const std::string& backend_name, const st
   }
   ctx.plan = planned;
 }
-
 
 void measure_model_state(Backend& backend, RankMemory& out) {
   std::vector<torch::Tensor> state;

@@ -12,7 +12,8 @@ namespace gradcert {
 /// written into `scratch_dir`, then removed), forward, backward, optimizer step. Appends the
 /// peaks to out.peaks and sets out.checkpoint_bytes. Every rank of ctx must call it (the
 /// collectives stay matched); the tracking allocator must be installed for CPU peaks.
-void measure_buckets(RankContext& ctx, const std::string& backend_name, const std::string& scratch_dir, RankMemory& out);
+void measure_buckets(RankContext& ctx, const std::string& backend_name, const std::string& scratch_dir,
+                     RankMemory& out);
 
 /// The exact storage of every tensor of model state `backend` holds (Backend::state_tensors,
 /// shared storage counted once) into out.model_state_bytes and out.model_state_tensors.

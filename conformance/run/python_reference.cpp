@@ -52,7 +52,8 @@ void run_python_tool(const Spec& spec, const std::string& module, const std::str
     std::string msg = r.message;
     const std::string who = module == "reference" ? "the reference runner " : "gradcert.ref." + module + " ";
     if (auto at = msg.find("rank 0 "); at != std::string::npos) msg.replace(at, 7, who);
-    if (auto at = msg.find("--- rank 0 log tail ---"); at != std::string::npos) msg.replace(at, 23, "--- its log tail ---");
+    if (auto at = msg.find("--- rank 0 log tail ---"); at != std::string::npos)
+      msg.replace(at, 23, "--- its log tail ---");
     throw std::runtime_error("gradcert.ref." + module + " failed (log " + dir + "/rank0.log): " + msg);
   }
 }

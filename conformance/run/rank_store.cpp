@@ -14,7 +14,9 @@ namespace {
 class RankStore final : public c10d::Store {
  public:
   RankStore(const std::string& address, std::chrono::milliseconds timeout)
-      : Store(timeout), address_(address), client_(guarded([&] { return std::make_unique<StoreClient>(address, timeout); })) {}
+      : Store(timeout),
+        address_(address),
+        client_(guarded([&] { return std::make_unique<StoreClient>(address, timeout); })) {}
 
   c10::intrusive_ptr<c10d::Store> clone() override { return c10::make_intrusive<RankStore>(address_, timeout_); }
 

@@ -79,9 +79,9 @@ void refuse_oversized(const Spec& spec) {
                                       {T, double(defaults.max_len), "model.max_len"}})
     worst = std::max(worst, std::pair<double, std::string>{value / normal, field});
   throw SpecError(worst.second, "the model has " + sci(params) +
-                                    " parameters; the float64 reference alone needs at least " +
-                                    human_bytes(need) + " (weights + gradients) and this machine has " +
-                                    human_bytes(have) + " available: refused before any rank starts");
+                                    " parameters; the float64 reference alone needs at least " + human_bytes(need) +
+                                    " (weights + gradients) and this machine has " + human_bytes(have) +
+                                    " available: refused before any rank starts");
 }
 
 // resume.at must leave the second leg updates to run.
@@ -89,8 +89,8 @@ void validate_resume_at(const Spec& spec, const Plan& plan) {
   const int updates = static_cast<int>(plan.windows.size());
   if (spec.resume.at >= updates)
     throw std::invalid_argument("resume.at (--resume-at) is " + std::to_string(spec.resume.at) + ": the plan has " +
-                                std::to_string(updates) + " updates, so it must be in 1.." + std::to_string(updates - 1) +
-                                " (a second leg must have updates to run)");
+                                std::to_string(updates) + " updates, so it must be in 1.." +
+                                std::to_string(updates - 1) + " (a second leg must have updates to run)");
 }
 
 // Bad input the run (or the check of its folder) refuses before anything runs: throws

@@ -14,7 +14,7 @@ namespace gradcert {
 struct RunRequest {
   Spec spec;
   std::string backend;
-  int world = 0;  ///< 0: spec.topology's world; otherwise dp = world / (tp x pp)
+  int world = 0;       ///< 0: spec.topology's world; otherwise dp = world / (tp x pp)
   int tp = 0, pp = 0;  ///< 0: spec.topology's
   LauncherKind launcher = LauncherKind::Local;
   std::string inject;   ///< a planted bug, "" for none

@@ -74,8 +74,9 @@ class StackCommand : public RunSource {
     // (seeded) and writes initial.safetensors with the model's own names and shapes; the
     // stack and the reference both start from it.
     if (!run_.spec.model.factory.empty())
-      run_python_tool(run_.spec, "initial", "--plan '" + req.run_dir + "/plan.json' --out '" + req.run_dir +
-                                                "/initial.safetensors'", req.run_dir, "initial");
+      run_python_tool(run_.spec, "initial",
+                      "--plan '" + req.run_dir + "/plan.json' --out '" + req.run_dir + "/initial.safetensors'",
+                      req.run_dir, "initial");
   }
 
   LaunchRequest leg(size_t i, const std::string& nonce) override {
@@ -109,8 +110,9 @@ class StackCommand : public RunSource {
 
   void export_checkpoint(const std::string& nonce) override {
     const RunRequest& req = run_.request;
-    run_python_tool(run_.spec, "dcp_export", "--from '" + stack_dir() + "' --out '" + req.run_dir + "/" + kCheckpointDir +
-                                                 "' --world " + std::to_string(run_.world()) + " --nonce " + nonce,
+    run_python_tool(run_.spec, "dcp_export",
+                    "--from '" + stack_dir() + "' --out '" + req.run_dir + "/" + kCheckpointDir + "' --world " +
+                        std::to_string(run_.world()) + " --nonce " + nonce,
                     req.run_dir, "checkpoint-export");
   }
 
@@ -129,8 +131,12 @@ class ObservedJobSource : public RunSource {
  public:
   ObservedJobSource(std::vector<std::string> argv, std::string dir, int updates, bool keep_dropout, std::string device,
                     double timeout_s)
-      : argv_(std::move(argv)), dir_(std::move(dir)), updates_(updates), keep_dropout_(keep_dropout),
-        device_(std::move(device)), timeout_s_(timeout_s) {}
+      : argv_(std::move(argv)),
+        dir_(std::move(dir)),
+        updates_(updates),
+        keep_dropout_(keep_dropout),
+        device_(std::move(device)),
+        timeout_s_(timeout_s) {}
 
   LaunchRequest leg(size_t, const std::string& nonce) override {
     LaunchRequest l;

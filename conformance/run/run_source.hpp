@@ -39,7 +39,7 @@ std::vector<Sample> external_samples(const Spec& spec);
 std::unique_ptr<RunSource> source_of(const RunPlan& run);
 
 /// The source of `gradcert observe`: the job's own command (argv) under the recorder's variables.
-std::unique_ptr<RunSource> observed_job(const std::vector<std::string>& argv, const std::string& run_dir,
-                                        int updates, bool keep_dropout, const std::string& device, double timeout_s);
+std::unique_ptr<RunSource> observed_job(const std::vector<std::string>& argv, const std::string& run_dir, int updates,
+                                        bool keep_dropout, const std::string& device, double timeout_s);
 
 }  // namespace gradcert

@@ -74,8 +74,8 @@ void maybe_corrupt(const std::string& dir, int rank, int update, bool sharded) {
   const char* f = std::getenv(vars::kFault);
   int r = -1, u = -1;
   if (!f || std::sscanf(f, "truncate:%d:%d", &r, &u) != 2 || r != rank || u != update) return;
-  const std::string path = dir + "/" + (sharded ? shard_file(update, rank, "grads")
-                                                : "u" + std::to_string(update) + ".grads.safetensors");
+  const std::string path =
+      dir + "/" + (sharded ? shard_file(update, rank, "grads") : "u" + std::to_string(update) + ".grads.safetensors");
   std::filesystem::resize_file(path, std::filesystem::file_size(path) - 8);
 }
 
@@ -103,7 +103,8 @@ void place_rank(const Spec& spec, RankContext& ctx) {
   if (spec.device != "cuda") return;
   const int gpus = static_cast<int>(at::accelerator::deviceCount());
   if (gpus < 1)
-    throw std::runtime_error("device cuda: rank " + std::to_string(ctx.rank) + " sees no CUDA device (CUDA_VISIBLE_DEVICES?)");
+    throw std::runtime_error("device cuda: rank " + std::to_string(ctx.rank) +
+                             " sees no CUDA device (CUDA_VISIBLE_DEVICES?)");
   const int index = ctx.rank % gpus;
   at::accelerator::setDeviceIndex(static_cast<c10::DeviceIndex>(index));
   set_compute_device(torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index)));
@@ -152,7 +153,8 @@ void open_context(const WorkerArgs& args, const Spec& spec, const Plan& plan, in
   ctx.mutant = parse_mutant(args.inject);
   place_rank(spec, ctx);
   if (world > 1) {  // every rank is a client of the store the harness serves (NOTE [store] in harness.cpp)
-    if (args.store.empty()) throw std::invalid_argument("worker: --store is required when the world has more than one rank");
+    if (args.store.empty())
+      throw std::invalid_argument("worker: --store is required when the world has more than one rank");
     make_process_groups(ctx, connect_rank_store(args.store, std::chrono::milliseconds(static_cast<int64_t>(
                                                                 spec.timeout.collective_s * 1000))));
   }

@@ -9,7 +9,7 @@ struct WorkerArgs {
   std::string run_dir;  ///< holds spec.json; the rank writes its artifacts here
   std::string backend;
   std::string inject;
-  std::string store;    ///< the harness's rendezvous store (a StoreServer address; empty at world 1)
+  std::string store;  ///< the harness's rendezvous store (a StoreServer address; empty at world 1)
   /// A resumed run's legs (NOTE [resume] in harness.cpp): the first trains updates [0, save_at)
   /// and saves into <run_dir>/checkpoint; the second loads resume_from and trains the rest.
   int save_at = 0;

@@ -173,8 +173,8 @@ c10::intrusive_ptr<Work> RecordingBackend::reduce(std::vector<at::Tensor>& tenso
 
 c10::intrusive_ptr<Work> RecordingBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                      std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions&) {
-  TORCH_CHECK(outputs.size() == inputs.size(), "RecordingBackend::allgather: ", outputs.size(),
-              " output lists for ", inputs.size(), " inputs");
+  TORCH_CHECK(outputs.size() == inputs.size(), "RecordingBackend::allgather: ", outputs.size(), " output lists for ",
+              inputs.size(), " inputs");
   record({"allgather", -1, 0, numel_of(inputs), ""});
   at::AutoDispatchBelowAutograd guard;
   std::vector<at::Tensor> result;
@@ -191,8 +191,8 @@ c10::intrusive_ptr<Work> RecordingBackend::allgather(std::vector<std::vector<at:
 
 c10::intrusive_ptr<Work> RecordingBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                            const c10d::AllgatherOptions&) {
-  TORCH_CHECK(output.numel() == input.numel() * size_, "RecordingBackend::_allgather_base: output of ",
-              output.numel(), " elements for an input of ", input.numel(), " in a group of ", size_);
+  TORCH_CHECK(output.numel() == input.numel() * size_, "RecordingBackend::_allgather_base: output of ", output.numel(),
+              " elements for an input of ", input.numel(), " in a group of ", size_);
   TORCH_CHECK(output.scalar_type() == input.scalar_type(), "RecordingBackend::_allgather_base: dtypes differ");
   record({"allgather_base", -1, 0, input.numel(), ""});
   at::AutoDispatchBelowAutograd guard;
@@ -207,8 +207,8 @@ c10::intrusive_ptr<Work> RecordingBackend::allgather_coalesced(std::vector<std::
   at::AutoDispatchBelowAutograd guard;
   std::vector<at::Tensor> result;
   for (auto& list : outputs) {
-    TORCH_CHECK(list.size() == inputs.size(), "RecordingBackend::allgather_coalesced: an output list of ",
-                list.size(), " tensors for ", inputs.size(), " inputs");
+    TORCH_CHECK(list.size() == inputs.size(), "RecordingBackend::allgather_coalesced: an output list of ", list.size(),
+                " tensors for ", inputs.size(), " inputs");
     for (size_t i = 0; i < inputs.size(); ++i) {
       list[i].copy_(inputs[i]);
       result.push_back(list[i]);
@@ -220,8 +220,8 @@ c10::intrusive_ptr<Work> RecordingBackend::allgather_coalesced(std::vector<std::
 c10::intrusive_ptr<Work> RecordingBackend::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                                            std::vector<at::Tensor>& inputs,
                                                                            const c10d::AllgatherOptions&) {
-  TORCH_CHECK(outputs.size() == inputs.size(), "RecordingBackend::allgather_into_tensor_coalesced: ",
-              outputs.size(), " outputs for ", inputs.size(), " inputs");
+  TORCH_CHECK(outputs.size() == inputs.size(), "RecordingBackend::allgather_into_tensor_coalesced: ", outputs.size(),
+              " outputs for ", inputs.size(), " inputs");
   record({"allgather_into_tensor_coalesced", -1, 0, numel_of(inputs), ""});
   at::AutoDispatchBelowAutograd guard;
   for (size_t i = 0; i < inputs.size(); ++i) {
@@ -271,8 +271,8 @@ c10::intrusive_ptr<Work> RecordingBackend::scatter(std::vector<at::Tensor>& outp
 c10::intrusive_ptr<Work> RecordingBackend::reduce_scatter(std::vector<at::Tensor>& outputs,
                                                           std::vector<std::vector<at::Tensor>>& inputs,
                                                           const c10d::ReduceScatterOptions& opts) {
-  TORCH_CHECK(outputs.size() == inputs.size(), "RecordingBackend::reduce_scatter: ", outputs.size(),
-              " outputs for ", inputs.size(), " input lists");
+  TORCH_CHECK(outputs.size() == inputs.size(), "RecordingBackend::reduce_scatter: ", outputs.size(), " outputs for ",
+              inputs.size(), " input lists");
   record({"reduce_scatter", -1, 0, numel_of(inputs), reduce_name(opts.reduceOp)});
   at::AutoDispatchBelowAutograd guard;
   for (size_t i = 0; i < outputs.size(); ++i) {
@@ -299,14 +299,14 @@ c10::intrusive_ptr<Work> RecordingBackend::_reduce_scatter_base(at::Tensor& outp
 c10::intrusive_ptr<Work> RecordingBackend::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                                            std::vector<at::Tensor>& inputs,
                                                                            const c10d::ReduceScatterOptions& opts) {
-  TORCH_CHECK(outputs.size() == inputs.size(), "RecordingBackend::reduce_scatter_tensor_coalesced: ",
-              outputs.size(), " outputs for ", inputs.size(), " inputs");
+  TORCH_CHECK(outputs.size() == inputs.size(), "RecordingBackend::reduce_scatter_tensor_coalesced: ", outputs.size(),
+              " outputs for ", inputs.size(), " inputs");
   record({"reduce_scatter_tensor_coalesced", -1, 0, numel_of(inputs), reduce_name(opts.reduceOp)});
   at::AutoDispatchBelowAutograd guard;
   for (size_t i = 0; i < outputs.size(); ++i) {
     const int64_t n = outputs[i].numel();
-    TORCH_CHECK(inputs[i].numel() == n * size_, "RecordingBackend::reduce_scatter_tensor_coalesced: input ", i,
-                " has ", inputs[i].numel(), " elements for an output of ", n, " in a group of ", size_);
+    TORCH_CHECK(inputs[i].numel() == n * size_, "RecordingBackend::reduce_scatter_tensor_coalesced: input ", i, " has ",
+                inputs[i].numel(), " elements for an output of ", n, " in a group of ", size_);
     outputs[i].copy_(inputs[i].reshape({-1}).narrow(0, rank_ * n, n).view(outputs[i].sizes()));
     reduce_identical(outputs[i], opts.reduceOp, size_);
   }
@@ -351,8 +351,8 @@ c10::intrusive_ptr<Work> RecordingBackend::send(std::vector<at::Tensor>& tensors
 }
 
 c10::intrusive_ptr<Work> RecordingBackend::recv(std::vector<at::Tensor>& tensors, int src, int tag) {
-  TORCH_CHECK(src >= 0 && src < size_ && src != rank_, "RecordingBackend::recv: rank ", rank_, " receives from ",
-              src, " in a group of ", size_);
+  TORCH_CHECK(src >= 0 && src < size_ && src != rank_, "RecordingBackend::recv: rank ", rank_, " receives from ", src,
+              " in a group of ", size_);
   record({"recv", src, tag, numel_of(tensors), ""});
   at::AutoDispatchBelowAutograd guard;
   for (auto& t : tensors) t.zero_();

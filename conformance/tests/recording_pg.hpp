@@ -8,10 +8,12 @@ namespace gradcert {
 
 /// One collective call as a rank issued it.
 struct RecordedOp {
-  std::string op;         ///< "allreduce" | "allgather" | "allgather_base" | "reduce_scatter" | "reduce_scatter_base" | "broadcast" | "send" | "recv" | "barrier" | "alltoall_base" | ...
-  int peer = -1;          ///< send/recv: the other rank; -1 otherwise (and for recv_anysource)
-  int tag = 0;            ///< send/recv tag
-  int64_t numel = 0;      ///< elements of the input tensor(s) this rank contributes, summed (recv/scatter: of the tensors filled)
+  std::string
+      op;  ///< "allreduce" | "allgather" | "allgather_base" | "reduce_scatter" | "reduce_scatter_base" | "broadcast" | "send" | "recv" | "barrier" | "alltoall_base" | ...
+  int peer = -1;  ///< send/recv: the other rank; -1 otherwise (and for recv_anysource)
+  int tag = 0;    ///< send/recv tag
+  int64_t numel =
+      0;  ///< elements of the input tensor(s) this rank contributes, summed (recv/scatter: of the tensors filled)
   std::string reduce_op;  ///< "SUM", "AVG", ... for reductions, "" otherwise
 };
 
@@ -54,23 +56,21 @@ class RecordingBackend : public c10d::Backend {
                                            std::vector<at::Tensor>& inputs,
                                            const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
   /// Every size-th chunk of `output` = `input` (recorded as "allgather_base").
-  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
-                                                 const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(
+      at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
   /// outputs[k][i] = inputs[i] for every list k (deprecated in c10d; kept for completeness).
-  c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
-                                                     std::vector<at::Tensor>& inputs,
-                                                     const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(
+      std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
   /// _allgather_base for each (outputs[i], inputs[i]).
   c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
       std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
       const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
   /// On the root, outputs[0][j] = inputs[0] for every rank j.
-  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
-                                        std::vector<at::Tensor>& inputs,
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
                                         const c10d::GatherOptions& opts = c10d::GatherOptions()) override;
   /// outputs[0] = inputs[0][rank] on the root; unchanged elsewhere (the root's list is unknown).
-  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
-                                         std::vector<std::vector<at::Tensor>>& inputs,
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
                                          const c10d::ScatterOptions& opts = c10d::ScatterOptions()) override;
   /// outputs[i] = inputs[i][rank] reduced over `size` identical ranks.
   c10::intrusive_ptr<c10d::Work> reduce_scatter(
@@ -86,8 +86,7 @@ class RecordingBackend : public c10d::Backend {
       const c10d::ReduceScatterOptions& opts = c10d::ReduceScatterOptions()) override;
   /// Every output slot j = this rank's input slot [rank] (what identical ranks send it).
   c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
-                                               std::vector<int64_t>& output_splits,
-                                               std::vector<int64_t>& input_splits,
+                                               std::vector<int64_t>& output_splits, std::vector<int64_t>& input_splits,
                                                const c10d::AllToAllOptions& opts = c10d::AllToAllOptions()) override;
   /// outputs[j] = inputs[rank] for every j.
   c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,

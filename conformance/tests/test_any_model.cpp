@@ -29,9 +29,12 @@ bool have(const std::string& python_module) {
 }
 
 std::string adapter(const std::string& name, const std::string& args = "") {
-  const std::string script = name == "torch-ddp" ? "torch_ddp.py" : name == "torch-fsdp2" ? "torch_fsdp2.py" : "torch_fsdp1.py";
-  return kRepo + "/.venv/bin/torchrun --nproc_per_node=$GRADCERT_NPROC --master_addr=127.0.0.1 "
-                 "--master_port=$GRADCERT_MASTER_PORT " +
+  const std::string script = name == "torch-ddp"     ? "torch_ddp.py"
+                             : name == "torch-fsdp2" ? "torch_fsdp2.py"
+                                                     : "torch_fsdp1.py";
+  return kRepo +
+         "/.venv/bin/torchrun --nproc_per_node=$GRADCERT_NPROC --master_addr=127.0.0.1 "
+         "--master_port=$GRADCERT_MASTER_PORT " +
          kRepo + "/backends/python/" + script + (args.empty() ? "" : " " + args);
 }
 
@@ -60,8 +63,8 @@ const CheckResult* check(const RunReport& r, const std::string& id) {
 }
 
 struct ModelCase {
-  std::string model;   ///< FUNC in tests/factories.py, or gradcert.tiny_lm:tiny_lm
-  std::string stack;   ///< adapter
+  std::string model;  ///< FUNC in tests/factories.py, or gradcert.tiny_lm:tiny_lm
+  std::string stack;  ///< adapter
   int world;
 };
 
@@ -101,8 +104,8 @@ INSTANTIATE_TEST_SUITE_P(Models, ConformanceAnyModel,
                                          ModelCase{"gpt2_lm", "torch-fsdp2", 3},
                                          ModelCase{"tiny_lm", "torch-fsdp2", 3}),
                          [](const auto& info) {
-                           std::string s = info.param.model + "_" + info.param.stack + "_w" +
-                                           std::to_string(info.param.world);
+                           std::string s =
+                               info.param.model + "_" + info.param.stack + "_w" + std::to_string(info.param.world);
                            for (char& ch : s)
                              if (ch == '-') ch = '_';
                            return s;
@@ -110,8 +113,8 @@ INSTANTIATE_TEST_SUITE_P(Models, ConformanceAnyModel,
 
 // Each planted adapter bug fails AND the diagnosis names it, at float64 round-off.
 TEST(ConformanceAnyModelDiagnosis, EachPlantedBugIsNamed) {
-  for (const std::string m : {"local-mean", "micro-mean", "partial-nominal-accum", "unshifted-count", "drop-partial-window",
-                              "first-and-last-microsteps", "last-microstep-only"}) {
+  for (const std::string m : {"local-mean", "micro-mean", "partial-nominal-accum", "unshifted-count",
+                              "drop-partial-window", "first-and-last-microsteps", "last-microstep-only"}) {
     RunRequest req = request(factory_of("gru_lm"), 2, adapter("torch-ddp", "--mutant " + m), "gru_" + m);
     const RunReport r = run_backend(req);
     ASSERT_TRUE(r.error.empty()) << m << ": " << r.error;
@@ -170,7 +173,8 @@ TEST(ConformanceAnyModelDiagnosis, PythonReferenceEqualsTheCppReferenceOnTheTiny
     EXPECT_EQ(py.updates[u].valid_targets, cpp[u].valid_targets);
     for (const auto& [name, t] : cpp[u].grads) {
       worst = std::max(worst, compare_tensors(py.updates[u].grads.at(name), t).relative);
-      worst = std::max(worst, compare_tensors(py.updates[u].params_after.at(name), cpp[u].params_after.at(name)).relative);
+      worst =
+          std::max(worst, compare_tensors(py.updates[u].params_after.at(name), cpp[u].params_after.at(name)).relative);
     }
   }
   EXPECT_LE(worst, 1e-12);

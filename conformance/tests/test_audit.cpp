@@ -70,9 +70,10 @@ TEST(ConformanceAuditNames, ResolvesBuiltinsAdaptersAndExternal) {
   EXPECT_THROW(resolve_audit_side("megatron", "", ""), std::invalid_argument);
   EXPECT_THROW(resolve_audit_side("ddp+inject=local-mean", "micro-mean", ""), std::invalid_argument);
   if (!fs::exists(kRepo + "/.venv/bin/torchrun")) GTEST_SKIP() << "no venv: the adapter names need scripts/bootstrap";
-  for (const auto& [alias, script] : std::vector<std::pair<std::string, std::string>>{
-           {"fsdp1", "torch_fsdp1.py"}, {"fsdp2", "torch_fsdp2.py"}, {"torch-fsdp2", "torch_fsdp2.py"},
-           {"torch-ddp", "torch_ddp.py"}}) {
+  for (const auto& [alias, script] : std::vector<std::pair<std::string, std::string>>{{"fsdp1", "torch_fsdp1.py"},
+                                                                                      {"fsdp2", "torch_fsdp2.py"},
+                                                                                      {"torch-fsdp2", "torch_fsdp2.py"},
+                                                                                      {"torch-ddp", "torch_ddp.py"}}) {
     const AuditSide a = resolve_audit_side(alias, "", kRepo);
     EXPECT_EQ(a.backend, kExternalBackend) << alias;
     EXPECT_NE(a.command.find("/backends/python/" + script), std::string::npos) << a.command;
@@ -100,7 +101,7 @@ TEST(ConformanceAuditNames, Fsdp1ToFsdp2NotesFollowTheSpec) {
   };
   EXPECT_FALSE(applies("reduce-dtype"));  // float64: no mixed precision
   EXPECT_TRUE(applies("divide-factor"));
-  EXPECT_TRUE(applies("grad-sync"));      // A = 3
+  EXPECT_TRUE(applies("grad-sync"));  // A = 3
   EXPECT_FALSE(applies("state-dict"));
   EXPECT_TRUE(applies("flat-params"));
   s.dtype = DType::BFloat16;
@@ -133,8 +134,9 @@ TEST(ConformanceAudit, DdpToZero2PreservesSemanticsFromTheCli) {
   EXPECT_NE(slurp(out + "/audit.md").find("the migration preserves training semantics"), std::string::npos);
   EXPECT_NE(slurp(out + "/junit.xml").find("testsuite name=\"gradcert.audit\""), std::string::npos);
   // Bad input: exit 2, the message names the unknown backend.
-  const int bad = std::system((std::string(GRADCERT_EXE) + " audit --before ddp --after nope --out " + out +
-                               "/bad > " + out + "/bad.txt 2>&1").c_str());
+  const int bad = std::system(
+      (std::string(GRADCERT_EXE) + " audit --before ddp --after nope --out " + out + "/bad > " + out + "/bad.txt 2>&1")
+          .c_str());
   EXPECT_EQ(WEXITSTATUS(bad), 2);
   EXPECT_NE(slurp(out + "/bad.txt").find("unknown backend 'nope'"), std::string::npos);
 }

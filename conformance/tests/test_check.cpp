@@ -125,8 +125,9 @@ TEST(ConformanceCheck, ExternalModelRunCheckedAgainOnThePythonReference) {
   r.spec.model.factory = "gradcert.tiny_lm:tiny_lm";
   r.spec.timeout.run_s = 240;
   r.spec.timeout.collective_s = 60;
-  r.command = kRepo + "/.venv/bin/torchrun --nproc_per_node=$GRADCERT_NPROC --master_addr=127.0.0.1 "
-                      "--master_port=$GRADCERT_MASTER_PORT " +
+  r.command = kRepo +
+              "/.venv/bin/torchrun --nproc_per_node=$GRADCERT_NPROC --master_addr=127.0.0.1 "
+              "--master_port=$GRADCERT_MASTER_PORT " +
               kRepo + "/backends/python/torch_ddp.py";
   r.exe = GRADCERT_EXE;
   r.run_dir = test::fresh_dir("gradcert_check", "external") + "/runs/torch-ddp";
@@ -219,16 +220,14 @@ TEST(ConformanceCheck, FolderOfAKilledRunIsRefusedNamingTheManifest) {
   ASSERT_TRUE(fs::exists(r.run_dir + "/run.json")) << "run.json is written before the launch";
   const auto c = test::run_cli("check " + r.run_dir + " --out " + r.run_dir + "_report");
   EXPECT_EQ(c.code, 2) << c.out;
-  EXPECT_NE(c.out.find("bad artifacts: " + r.run_dir + "/manifest.json: cannot be read (missing?)"),
-            std::string::npos)
+  EXPECT_NE(c.out.find("bad artifacts: " + r.run_dir + "/manifest.json: cannot be read (missing?)"), std::string::npos)
       << c.out;
 }
 
 // (5) A planted bug's folder checked again is still caught, by the same checks (exit 0, as
 // `run --inject` exits when the bug is caught).
 TEST(ConformanceCheck, InjectedMutantCheckedAgainStillFails) {
-  const RunRequest r = ddp_request(test::fresh_dir("gradcert_check", "mutant") + "/runs/ddp-local-mean",
-                                   "local-mean");
+  const RunRequest r = ddp_request(test::fresh_dir("gradcert_check", "mutant") + "/runs/ddp-local-mean", "local-mean");
   const RunReport run = run_backend(r);
   ASSERT_TRUE(run.error.empty()) << run.error;
   ASSERT_FALSE(run.detected_by().empty());

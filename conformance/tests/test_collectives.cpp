@@ -109,7 +109,7 @@ int64_t activation_numel(const Spec& spec, const Plan& plan, int update, int r, 
 /// Every rank's p2p traffic on pg must pair up in order: the sends from s to d (tag, numel)
 /// are, one for one, the receives d posts from s. Returns the first mismatch per channel.
 std::string unpaired_p2p(const std::vector<std::vector<RecordedOp>>& pg_by_rank) {
-  using Msgs = std::vector<std::pair<int, int64_t>>;  // (tag, numel) in issue order
+  using Msgs = std::vector<std::pair<int, int64_t>>;              // (tag, numel) in issue order
   std::map<std::pair<int, int>, std::pair<Msgs, Msgs>> channels;  // (src, dst) -> (sent, received)
   for (int r = 0; r < static_cast<int>(pg_by_rank.size()); ++r)
     for (const auto& o : pg_by_rank[r]) {
@@ -124,8 +124,8 @@ std::string unpaired_p2p(const std::vector<std::vector<RecordedOp>>& pg_by_rank)
     const auto& [sent, received] = io;
     for (size_t i = 0; i < std::max(sent.size(), received.size()); ++i)
       if (i >= sent.size() || i >= received.size() || sent[i] != received[i]) {
-        bad += str(ch.first) + "->" + str(ch.second) + " message " + str(i) + ": sent " + msg(sent, i) +
-               ", received " + msg(received, i) + "\n";
+        bad += str(ch.first) + "->" + str(ch.second) + " message " + str(i) + ": sent " + msg(sent, i) + ", received " +
+               msg(received, i) + "\n";
         break;
       }
   }
@@ -355,7 +355,7 @@ TEST_F(Collectives, StaleGatheredParamsIssuesNoGatherAfterUpdateZero) {
     for (int u = 1; u < W; ++u) {
       EXPECT_GT(count(good.updates[u].pg, "allgather_base"), 0) << b << " update " << u;
       EXPECT_EQ(count(stale.updates[u].pg, "allgather_base"), 0) << b << " update " << u << "\n"
-                                                                  << ops_text(stale.updates[u].pg);
+                                                                 << ops_text(stale.updates[u].pg);
       EXPECT_EQ(without_gathers(stale.updates[u].pg), without_gathers(good.updates[u].pg)) << b << " update " << u;
     }
   }
@@ -490,7 +490,9 @@ TEST_F(Collectives, EveryGroupMemberIssuesTheSameCollectives) {
         const auto& log = runs[r].updates[u];
         pg.push_back(log.pg);
         const std::vector<std::pair<std::string, const std::vector<RecordedOp>*>> groups = {
-            {"pg", &log.pg}, {"dp/" + str(c.tp) + "/" + str(c.pp), &log.dp}, {"tp/" + str(c.dp) + "/" + str(c.pp), &log.tp}};
+            {"pg", &log.pg},
+            {"dp/" + str(c.tp) + "/" + str(c.pp), &log.dp},
+            {"tp/" + str(c.dp) + "/" + str(c.pp), &log.tp}};
         for (const auto& [key, ops] : groups) {
           const auto [it, first] = first_of_group.emplace(key, collectives_text(*ops));
           if (!first) EXPECT_EQ(collectives_text(*ops), it->second) << "rank " << r << " group " << key;

@@ -33,8 +33,7 @@ RunRequest request(const std::string& backend, int world, int accum, DType dtype
   r.spec.dtype = dtype;
   r.spec.topology = {world / (tp * pp), tp, pp};
   // Two full windows and a partial one of a single example: only DP rank 0 gets any.
-  r.spec.dataset.size =
-      static_cast<int>(2 * update_batch_size(r.spec.batch.micro, accum, r.spec.topology.dp) + 1);
+  r.spec.dataset.size = static_cast<int>(2 * update_batch_size(r.spec.batch.micro, accum, r.spec.topology.dp) + 1);
   r.spec.timeout.run_s = 120;
   r.exe = GRADCERT_EXE;
   r.run_dir = fresh_dir(name);
@@ -219,7 +218,8 @@ TEST(ConformanceOverlap, ChecksBesideTheNextLaunchGiveTheSameFigures) {
   correct.run_dir = fresh_dir("overlap_correct2");
   mutant.run_dir = fresh_dir("overlap_mutant2");
   LaunchedRunPtr first = launch_run(correct);
-  auto checking = std::async(std::launch::async, [run = std::move(first)]() mutable { return check_launched(std::move(run)); });
+  auto checking =
+      std::async(std::launch::async, [run = std::move(first)]() mutable { return check_launched(std::move(run)); });
   LaunchedRunPtr second = launch_run(mutant, /*early_reference=*/false);  // beside the first run's checks
   const RunReport beside_correct = checking.get();
   const RunReport beside_mutant = check_launched(std::move(second));
@@ -379,10 +379,10 @@ TEST(ConformanceZygote, CliRanksComeFromTheZygoteAndFailuresNameTheRank) {
     }
   }
   const auto spec = write_spec(dir, R"({"timeout": {"collective_s": 3, "run_s": 60}})");
-  for (const auto& [fault, blame] : std::vector<std::pair<std::string, std::string>>{
-           {"kill:1:0", "rank 1 was killed by signal 9 (SIGKILL) after "},
-           {"stop:1:1", "rank 1 was stopped (SIGSTOP) after "},
-           {"leave:1:0", "rank 1 exited 0 after "}}) {
+  for (const auto& [fault, blame] :
+       std::vector<std::pair<std::string, std::string>>{{"kill:1:0", "rank 1 was killed by signal 9 (SIGKILL) after "},
+                                                        {"stop:1:1", "rank 1 was stopped (SIGSTOP) after "},
+                                                        {"leave:1:0", "rank 1 exited 0 after "}}) {
     ::setenv("GRADCERT_FAULT", fault.c_str(), 1);
     const auto t0 = std::chrono::steady_clock::now();
     const auto failed = run_cli("run --backend ddp --world 2 --spec " + spec + " --out " + dir + "/fault");

@@ -56,10 +56,10 @@ const CheckResult* check(const RunReport& r, const std::string& id) {
   return nullptr;
 }
 
-#define REQUIRE_TORCHRUN()                                                                        \
-  do {                                                                                            \
-    if (!fs::exists(venv_bin("torchrun")))                                                        \
-      GTEST_SKIP() << venv_bin("torchrun") << " is missing: run scripts/bootstrap for the venv"; \
+#define REQUIRE_TORCHRUN()                                                                                             \
+  do {                                                                                                                 \
+    if (!fs::exists(venv_bin("torchrun")))                                                                             \
+      GTEST_SKIP() << venv_bin("torchrun") << " is missing: run scripts/bootstrap for the venv";                       \
   } while (0)
 
 /// Runs an adapter and expects every check to pass, grad.parity within `max_grad`.
@@ -175,20 +175,19 @@ TEST_P(ConformanceExternalMalformed, FailsTheRunNamingFileAndTensor) {
   if (!m.names.empty()) EXPECT_NE(r.error.find(m.names), std::string::npos) << r.error;
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    ConformanceExternal, ConformanceExternalMalformed,
-    testing::Values(Malformed{"truncated", "tensor 'wte.weight'"},
-                    Malformed{"wrong-shape", "tensor 'blocks.0.fc.weight': shape [16,32]"},
-                    Malformed{"wrong-dtype", "tensor 'blocks.0.fc.weight': dtype float32"},
-                    Malformed{"missing-tensor", "tensor 'blocks.0.fc.weight' is missing"},
-                    // The header is refused before it is parsed: only the file can be named.
-                    Malformed{"oversized-header", "header length 209715200 exceeds"}),
-    [](const testing::TestParamInfo<Malformed>& i) {
-      std::string n = i.param.mode;
-      for (auto& c : n)
-        if (c == '-') c = '_';
-      return n;
-    });
+INSTANTIATE_TEST_SUITE_P(ConformanceExternal, ConformanceExternalMalformed,
+                         testing::Values(Malformed{"truncated", "tensor 'wte.weight'"},
+                                         Malformed{"wrong-shape", "tensor 'blocks.0.fc.weight': shape [16,32]"},
+                                         Malformed{"wrong-dtype", "tensor 'blocks.0.fc.weight': dtype float32"},
+                                         Malformed{"missing-tensor", "tensor 'blocks.0.fc.weight' is missing"},
+                                         // The header is refused before it is parsed: only the file can be named.
+                                         Malformed{"oversized-header", "header length 209715200 exceeds"}),
+                         [](const testing::TestParamInfo<Malformed>& i) {
+                           std::string n = i.param.mode;
+                           for (auto& c : n)
+                             if (c == '-') c = '_';
+                           return n;
+                         });
 
 // The fake stack's well-formed artifacts read fine: the malformed cases above fail for
 // the damage alone.

@@ -179,9 +179,9 @@ TEST(HardeningCli, FailureBeforeTheReportLeavesNoEarlierReport) {
   const std::string out = test::fresh_dir("gradcert_cli_stale_report", "out");
   const std::string bad = out + "/../bad.json";
   std::ofstream(bad) << R"({"batch": {"micro": 0}})";
-  for (const std::string& args : {"run --backend single --spec " + bad + " --out " + out,
-                                  "run --backend single --world abc --out " + out,
-                                  "certify --spec " + bad + " --out=" + out, "check /nonexistent --out " + out}) {
+  for (const std::string& args :
+       {"run --backend single --spec " + bad + " --out " + out, "run --backend single --world abc --out " + out,
+        "certify --spec " + bad + " --out=" + out, "check /nonexistent --out " + out}) {
     for (const char* name : {"report.json", "junit.xml", "report.md", "report.html"})
       std::ofstream(out + "/" + name) << R"({"verdict": "pass"})";
     const Cli c = run_cli(args);
@@ -342,7 +342,8 @@ void interrupt_cli(std::vector<std::string> args, const std::string& dir, int si
   got.exited = ended && WIFEXITED(status);
   ASSERT_TRUE(got.exited) << (ended ? "gradcert was killed by " + std::string(strsignal(WTERMSIG(status)))
                                     : std::string("gradcert did not exit within 20 s of the signal"))
-                          << "\n" << got.console;
+                          << "\n"
+                          << got.console;
 }
 
 }  // namespace
@@ -359,7 +360,8 @@ TEST(HardeningCli, InterruptStopsEveryProcessAndWritesTheReport) {
                                           dir, sig, got));
     EXPECT_EQ(WEXITSTATUS(got.status), code) << got.console;
     const std::string name = sig == SIGTERM ? "SIGTERM" : "SIGINT";
-    EXPECT_NE(got.console.find("# INTERRUPTED by " + name + ": every rank and every process the command started was "
+    EXPECT_NE(got.console.find("# INTERRUPTED by " + name +
+                               ": every rank and every process the command started was "
                                "stopped; this report is partial"),
               std::string::npos)
         << got.console;
@@ -382,8 +384,8 @@ TEST(HardeningCli, InterruptedAuditStopsEveryProcessAndWritesTheReport) {
   Interrupted got;
   const std::string before = "external:" + lingering_command(dir + "/pids");
   ASSERT_NO_FATAL_FAILURE(interrupt_cli(
-      {GRADCERT_EXE, "audit", "--before", before, "--after", "ddp", "--world", "2", "--out", dir + "/out"}, dir, SIGTERM,
-      got));
+      {GRADCERT_EXE, "audit", "--before", before, "--after", "ddp", "--world", "2", "--out", dir + "/out"}, dir,
+      SIGTERM, got));
   EXPECT_EQ(WEXITSTATUS(got.status), 143) << got.console;
   EXPECT_NE(got.console.find("# INTERRUPTED by SIGTERM: every rank and every process the command started was "
                              "stopped; this report is partial"),
@@ -432,9 +434,10 @@ TEST(HardeningCli, FullDiskNamesTheCause) {
   const Cli c = run_cli("run --backend external --world 2 --out " + dir + "/out --command '" + quoted + "'");
   std::system(("umount " + dir).c_str());
   EXPECT_EQ(c.code, 2) << c.out;
-  EXPECT_NE(c.out.find("--- external command output (its log " + dir +
-                       "/out/runs/external-w2-float64-sgd/rank0.log could not be written: No space left on device) ---"),
-            std::string::npos)
+  EXPECT_NE(
+      c.out.find("--- external command output (its log " + dir +
+                 "/out/runs/external-w2-float64-sgd/rank0.log could not be written: No space left on device) ---"),
+      std::string::npos)
       << c.out;
   EXPECT_NE(c.out.find("OSError: [Errno 28] No space left on device"), std::string::npos) << c.out;
   EXPECT_NE(c.out.find("/out/report.json.tmp."), std::string::npos) << c.out;

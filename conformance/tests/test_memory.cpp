@@ -158,8 +158,8 @@ TEST(MemoryEstimate, CliRejectsBadInputWithExitTwo) {
 }
 
 TEST(MemoryEstimate, CliCountsTheSpecModel) {
-  const auto path = std::filesystem::temp_directory_path() / ("gradcert_estimate_" + std::to_string(::getpid()) +
-                                                              ".json");
+  const auto path =
+      std::filesystem::temp_directory_path() / ("gradcert_estimate_" + std::to_string(::getpid()) + ".json");
   std::ofstream(path) << R"({"optimizer": {"name": "adamw"}, "dtype": "float32"})";
   int code;
   const std::string out = run_cli("estimate --model " + path.string() + " --strategy zero3", code);
@@ -401,7 +401,7 @@ TEST(MemoryPhases, FirstAdamStepRaisesThePeakAbovePostLoad) {
 
 TEST(MemoryPhases, MeasuredModelStateMatchesTheEstimate) {
   const std::pair<DType, std::pair<std::string, double>> runs[] = {
-      {DType::Float64, {"sgd", 0}},    {DType::Float64, {"sgd", 0.9}},  {DType::Float32, {"adamw", 0}},
+      {DType::Float64, {"sgd", 0}},    {DType::Float64, {"sgd", 0.9}}, {DType::Float32, {"adamw", 0}},
       {DType::BFloat16, {"adamw", 0}}, {DType::Float64, {"adamw", 0}},
   };
   for (const auto& [dtype, opt] : runs) {
@@ -433,8 +433,7 @@ TEST(MemoryPhases, TightBudgetFailsNamingPhaseAndBucket) {
   EXPECT_GT(long_fwd, short_fwd);
   const auto tight = check_memory_budget(peaks, static_cast<double>(worst->peak_bytes) - 1);
   EXPECT_EQ(tight.verdict, Verdict::Fail);
-  EXPECT_EQ(tight.detail.rfind("rank 0, " + worst->bucket + " bucket, " + worst->phase + ": ", 0), 0u)
-      << tight.detail;
+  EXPECT_EQ(tight.detail.rfind("rank 0, " + worst->bucket + " bucket, " + worst->phase + ": ", 0), 0u) << tight.detail;
   EXPECT_EQ(check_memory_budget(peaks, static_cast<double>(worst->peak_bytes)).verdict, Verdict::Pass);
   std::cout << "[ figures ] " << tight.detail << "\n";
   for (const auto& p : peaks)
@@ -466,8 +465,8 @@ TEST(MemoryEstimate, CliModelEqualsTheLowerBoundOfEveryStrategy) {
     std::string strategy;
     int world, tp, pp;
   };
-  const Case cases[] = {{"single", 1, 1, 1}, {"ddp", 2, 1, 1}, {"zero1", 2, 1, 1}, {"zero2", 2, 1, 1},
-                        {"zero3", 2, 1, 1},  {"fsdp", 3, 1, 1}, {"tp", 2, 2, 1},   {"tp", 4, 2, 1},
+  const Case cases[] = {{"single", 1, 1, 1}, {"ddp", 2, 1, 1},  {"zero1", 2, 1, 1}, {"zero2", 2, 1, 1},
+                        {"zero3", 2, 1, 1},  {"fsdp", 3, 1, 1}, {"tp", 2, 2, 1},    {"tp", 4, 2, 1},
                         {"pp", 2, 1, 2},     {"pp", 4, 1, 2}};
   for (const auto& [dtype, optimizer] : {std::pair{DType::Float64, "sgd"}, {DType::BFloat16, "adamw"}})
     for (const auto& c : cases) {
@@ -481,7 +480,8 @@ TEST(MemoryEstimate, CliModelEqualsTheLowerBoundOfEveryStrategy) {
       o.strategy = c.strategy;
       const MemoryEstimate cli = make_estimate(o);
       int64_t bound = 0;
-      for (int r = 0; r < c.world; ++r) bound = std::max(bound, estimate_for_run(spec, parse_sharding(c.strategy), r).model_state());
+      for (int r = 0; r < c.world; ++r)
+        bound = std::max(bound, estimate_for_run(spec, parse_sharding(c.strategy), r).model_state());
       EXPECT_EQ(cli.model_state(), bound) << c.strategy << " world " << c.world << " " << dtype_name(dtype);
       EXPECT_EQ(cli.input.recipe.name, recipe_for_strategy(parse_sharding(c.strategy), dtype, spec.optimizer).name);
     }

@@ -62,9 +62,14 @@ TEST(ConformanceMemory, LowerBoundHoldsOnEveryBuiltInBackend) {
     std::string backend;
     int world, tp, pp;
   };
-  for (const auto& c : std::vector<Case>{{"single", 1, 1, 1}, {"ddp", 2, 1, 1}, {"zero1", 2, 1, 1},
-                                         {"zero2", 2, 1, 1}, {"zero3", 2, 1, 1}, {"fsdp", 3, 1, 1},
-                                         {"tp", 2, 2, 1}, {"pp", 2, 1, 2}})
+  for (const auto& c : std::vector<Case>{{"single", 1, 1, 1},
+                                         {"ddp", 2, 1, 1},
+                                         {"zero1", 2, 1, 1},
+                                         {"zero2", 2, 1, 1},
+                                         {"zero3", 2, 1, 1},
+                                         {"fsdp", 3, 1, 1},
+                                         {"tp", 2, 2, 1},
+                                         {"pp", 2, 1, 2}})
     for (const std::string opt : {"sgd", "adamw"}) {
       const RunReport r = run_backend(request(c.backend, c.world, c.tp, c.pp, opt, c.backend + "_" + opt));
       ASSERT_TRUE(r.error.empty()) << r.error;
@@ -184,7 +189,8 @@ TEST(MemoryFiles, StrictReaderNamesTheFileAndField) {
   } catch (const ArtifactError& e) {
     EXPECT_NE(std::string(e.what()).find("rank0.memory.json"), std::string::npos) << e.what();
   }
-  std::ofstream(dir + "/rank1.memory.json") << R"({"schema": "gradcert.memory/1", "rank": 1, "model_state_bytes": "x"})";
+  std::ofstream(dir + "/rank1.memory.json")
+      << R"({"schema": "gradcert.memory/1", "rank": 1, "model_state_bytes": "x"})";
   try {
     read_rank_memory(dir, 1);
     FAIL() << "no error for a bad field";

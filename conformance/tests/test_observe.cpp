@@ -56,7 +56,8 @@ int expect_check_agrees(const std::string& out) {
     EXPECT_EQ(again["checks"][i]["verdict"], seen["checks"][i]["verdict"]) << seen["checks"][i]["id"] << "\n" << c.out;
     const auto &x = seen["checks"][i]["figure"], &y = again["checks"][i]["figure"];
     if (x.is_number() && y.is_number())  // the reference is recomputed: equal up to its last bits
-      EXPECT_NEAR(y.get<double>(), x.get<double>(), 1e-6 * std::abs(x.get<double>()) + 1e-30) << seen["checks"][i]["id"];
+      EXPECT_NEAR(y.get<double>(), x.get<double>(), 1e-6 * std::abs(x.get<double>()) + 1e-30)
+          << seen["checks"][i]["id"];
     else
       EXPECT_EQ(y, x) << seen["checks"][i]["id"] << "\n" << c.out;
   }
@@ -99,7 +100,8 @@ TEST(ConformanceObserve, RecordsMakeTheRunFolderWithoutFiles) {
   rec[0][0].microsteps[0].examples = {example("a", {1, 2, 3}, {2, 3, -100}), example("b", {4, 5}, {5, -100})};
   rec[0][0].microsteps[0].num_items_in_batch = 4;
   rec[0][1].microsteps[0].examples = {example("a", {1, 2, 3}, {2, 3, -100}), example("c", {6, 7}, {-100, -100})};
-  rec[0][0].groups = nlohmann::json::array({{{"params", {"w"}}, {"lr", 0.1}, {"momentum", 0.0}, {"weight_decay", 0.0}}});
+  rec[0][0].groups =
+      nlohmann::json::array({{{"params", {"w"}}, {"lr", 0.1}, {"momentum", 0.0}, {"weight_decay", 0.0}}});
 
   const ObservedFolder f = observed_folder(req, job, rec);
   const Plan& plan = f.observed.run.plan;
@@ -207,11 +209,14 @@ namespace {
 // `gradcert observe` on an example of examples/observe/ under `torchrun` from `venv`.
 test::CliResult observe_example(const std::string& out, const std::string& venv, const std::string& example,
                                 const std::string& job_args) {
-  return test::run_cli("observe --out " + out + " --updates 3 -- " + venv + "/bin/torchrun --standalone --nproc_per_node 2 " +
-                       kRepo + "/examples/observe/" + example + " " + job_args);
+  return test::run_cli("observe --out " + out + " --updates 3 -- " + venv +
+                       "/bin/torchrun --standalone --nproc_per_node 2 " + kRepo + "/examples/observe/" + example + " " +
+                       job_args);
 }
 
-nlohmann::json observed_run(const std::string& out) { return nlohmann::json::parse(slurp(out + "/report.json"))["runs"][0]; }
+nlohmann::json observed_run(const std::string& out) {
+  return nlohmann::json::parse(slurp(out + "/report.json"))["runs"][0];
+}
 
 double figure_of(const nlohmann::json& run, const std::string& id) {
   for (const auto& c : run["checks"])
@@ -243,11 +248,13 @@ TEST(ConformanceObserve, HfTrainerGpt2CountsNOnUnshiftedLabelsAndLlamaDoesNot) {
   EXPECT_EQ(verdict_of(run, "targets.window_count"), "fail") << r.out;
   EXPECT_EQ(verdict_of(run, "grad.scale"), "fail") << r.out;
   EXPECT_EQ(run["diagnosis"]["best"]["id"], "unshifted-count") << r.out;
-  EXPECT_NE(r.out.find("dropout turned off for the observed updates in transformer.drop p=0.1"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("dropout turned off for the observed updates in transformer.drop p=0.1"), std::string::npos)
+      << r.out;
   // The finding where people look: every report format names what the job computed instead, with its
   // figure, and the HTML's Reproduce line is the observe command that reruns the job.
   const std::string headline = "the gradient matches unshifted-count";
-  const std::string junit = slurp(gpt2 + "/junit.xml"), md = slurp(gpt2 + "/report.md"), html = slurp(gpt2 + "/report.html");
+  const std::string junit = slurp(gpt2 + "/junit.xml"), md = slurp(gpt2 + "/report.md"),
+                    html = slurp(gpt2 + "/report.html");
   EXPECT_NE(junit.find("message=\"figure"), std::string::npos) << junit;
   EXPECT_NE(junit.find(headline), std::string::npos) << junit;
   EXPECT_NE(md.find("diagnosis (observed"), std::string::npos) << md;

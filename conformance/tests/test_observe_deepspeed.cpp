@@ -24,7 +24,9 @@ std::string case_name(const testing::TestParamInfo<ZeroCase>& i) {
   return "stage" + std::to_string(i.param.stage) + (i.param.offload ? "_offload" : "");
 }
 
-nlohmann::json run_of(const std::string& out) { return nlohmann::json::parse(read_text_file(out + "/report.json"))["runs"][0]; }
+nlohmann::json run_of(const std::string& out) {
+  return nlohmann::json::parse(read_text_file(out + "/report.json"))["runs"][0];
+}
 
 class ObserveDeepSpeed : public testing::TestWithParam<ZeroCase> {};
 
@@ -93,15 +95,15 @@ TEST_P(ObserveDeepSpeedFramework, JudgedAsTheFrameworkComputes) {
 
 // hf_trainer.py --arch gpt2: transformers 5.x counts num_items_in_batch on unshifted labels for a
 // class without "ForCausalLM" in its name (as without DeepSpeed); llama is counted right.
-INSTANTIATE_TEST_SUITE_P(
-    ConformanceObserveDeepSpeed, ObserveDeepSpeedFramework,
-    testing::Values(FrameworkCase{"hf_llama_zero2", "hf_trainer.py", "--arch llama --deepspeed 2", "pass", "global-mean"},
-                    FrameworkCase{"hf_llama_zero3_offload", "hf_trainer.py", "--arch llama --deepspeed 3 --offload",
-                                  "pass", "global-mean"},
-                    FrameworkCase{"hf_gpt2_zero2", "hf_trainer.py", "--arch gpt2 --deepspeed 2", "fail",
-                                  "unshifted-count"},
-                    FrameworkCase{"accelerate_token_global_zero2", "accelerate_loop.py",
-                                  "--deepspeed 2 --loss token-global", "pass", "global-mean"},
-                    FrameworkCase{"accelerate_mean_zero1_offload", "accelerate_loop.py",
-                                  "--deepspeed 1 --offload --loss mean", "fail", "micro-mean"}),
-    framework_name);
+INSTANTIATE_TEST_SUITE_P(ConformanceObserveDeepSpeed, ObserveDeepSpeedFramework,
+                         testing::Values(FrameworkCase{"hf_llama_zero2", "hf_trainer.py", "--arch llama --deepspeed 2",
+                                                       "pass", "global-mean"},
+                                         FrameworkCase{"hf_llama_zero3_offload", "hf_trainer.py",
+                                                       "--arch llama --deepspeed 3 --offload", "pass", "global-mean"},
+                                         FrameworkCase{"hf_gpt2_zero2", "hf_trainer.py", "--arch gpt2 --deepspeed 2",
+                                                       "fail", "unshifted-count"},
+                                         FrameworkCase{"accelerate_token_global_zero2", "accelerate_loop.py",
+                                                       "--deepspeed 2 --loss token-global", "pass", "global-mean"},
+                                         FrameworkCase{"accelerate_mean_zero1_offload", "accelerate_loop.py",
+                                                       "--deepspeed 1 --offload --loss mean", "fail", "micro-mean"}),
+                         framework_name);

@@ -20,7 +20,9 @@ test::CliResult observe(const std::string& out, int updates, const std::string& 
                        "/.venv/bin/torchrun --standalone --nproc_per_node 2 " + example + " " + job_args);
 }
 
-nlohmann::json run_of(const std::string& out) { return nlohmann::json::parse(read_text_file(out + "/report.json"))["runs"][0]; }
+nlohmann::json run_of(const std::string& out) {
+  return nlohmann::json::parse(read_text_file(out + "/report.json"))["runs"][0];
+}
 
 const nlohmann::json& check_of(const nlohmann::json& run, const std::string& id) {
   static const nlohmann::json absent = {{"verdict", "absent"}, {"figure", -1}};
@@ -42,7 +44,8 @@ TEST(ConformanceObserveJobs, LossOutsideTheModelPassesWithOnlyWatch) {
   ASSERT_EQ(r.code, 0) << r.out;
   const auto run = run_of(out);
   EXPECT_EQ(run["verdict"], "pass") << r.out;
-  for (const char* id : {"grad.parity", "params.parity", "batch.update_size", "batch.sample_ledger", "ranks.local_sums"})
+  for (const char* id :
+       {"grad.parity", "params.parity", "batch.update_size", "batch.sample_ledger", "ranks.local_sums"})
     EXPECT_EQ(check_of(run, id)["verdict"], "pass") << id << "\n" << r.out;
   EXPECT_LE(check_of(run, "grad.parity")["figure"].get<double>(), 1e-10) << r.out;
   EXPECT_NE(r.out.find("the job's own module CausalLM (from its script)"), std::string::npos) << r.out;
@@ -53,8 +56,8 @@ TEST(ConformanceObserveJobs, LossOutsideTheModelPassesWithOnlyWatch) {
 // job: at float64 that call would round the loss to float32), and log_softmax + F.nll_loss; each
 // with its planted normalisation bug failing and named.
 TEST(ConformanceObserveJobs, LossOutsideTheModelBugsAreNamedWhicheverWayTheCallIsWritten) {
-  for (const auto& [style, bug] : {std::pair<std::string, std::string>{"slice", "micro-mean"},
-                                   {"module", "local-mean"}, {"nll", "micro-mean"}}) {
+  for (const auto& [style, bug] :
+       {std::pair<std::string, std::string>{"slice", "micro-mean"}, {"module", "local-mean"}, {"nll", "micro-mean"}}) {
     const std::string out = test::fresh_dir("gradcert_observe_jobs", "outside-" + style + "-" + bug);
     const std::string dtype = style == "module" ? " --dtype float32" : "";
     const auto r = observe(out, 2, kLossOutside, "--loss " + bug + " --style " + style + dtype);
@@ -94,7 +97,8 @@ TEST(ConformanceObserveJobs, JobThatDiesIsReportedWithItsOwnException) {
   EXPECT_NE(r.code, 0) << r.out;
   EXPECT_NE(r.code, 1) << "a job that dies is an error, not a failed check\n" << r.out;
   EXPECT_NE(r.out.find("): rank 1 died in update 1: RuntimeError: observe_faults: rank 1 raises at update 1"),
-            std::string::npos) << r.out;
+            std::string::npos)
+      << r.out;
   EXPECT_NE(r.out.find("observe_faults.py, line"), std::string::npos) << r.out;
 }
 
@@ -139,7 +143,8 @@ namespace {
 
 // `gradcert audit-jobs` on the FSDP1 example (use_orig_params=True) and its FSDP2 port with `port_args`.
 test::CliResult audit_jobs(const std::string& out, const std::string& port_args) {
-  const std::string torchrun = kRepo + "/.venv/bin/torchrun --standalone --nproc_per_node 2 " + kRepo + "/examples/observe/";
+  const std::string torchrun =
+      kRepo + "/.venv/bin/torchrun --standalone --nproc_per_node 2 " + kRepo + "/examples/observe/";
   return test::run_cli("audit-jobs --out " + out + " --updates 2 --before '" + torchrun + "fsdp1_loop.py' --after '" +
                        torchrun + "fsdp2_port.py " + port_args + "'");
 }
@@ -162,7 +167,8 @@ TEST(ConformanceObserveJobs, AuditLocatesAPortThatDividesByTheLocalCount) {
   const std::string out = test::fresh_dir("gradcert_audit_jobs", "local");
   const auto r = audit_jobs(out, "--loss local-mean");
   EXPECT_EQ(r.code, 1) << r.out;
-  EXPECT_NE(r.out.find("the after job departs from the reference, the before job does not"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("the after job departs from the reference, the before job does not"), std::string::npos)
+      << r.out;
   EXPECT_NE(r.out.find("its gradient matches local-mean"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("the jobs part first at update 0"), std::string::npos) << r.out;
 }
@@ -173,8 +179,10 @@ TEST(ConformanceObserveJobs, AuditLocatesAPortWhoseSamplerSeedDiffers) {
   const std::string out = test::fresh_dir("gradcert_audit_jobs", "seed");
   const auto r = audit_jobs(out, "--sampler-seed 4");
   EXPECT_EQ(r.code, 1) << r.out;
-  EXPECT_NE(r.out.find("the jobs part first in their data: update 0 rank 0 microstep 0 row 0: before consumed content c"),
-            std::string::npos) << r.out;
+  EXPECT_NE(
+      r.out.find("the jobs part first in their data: update 0 rank 0 microstep 0 row 0: before consumed content c"),
+      std::string::npos)
+      << r.out;
   EXPECT_EQ(r.out.find("departs from the reference"), std::string::npos) << r.out;
 }
 
@@ -188,7 +196,8 @@ TEST(ConformanceObserveJobs, PeftInAPlainLoopPassesUnderDdpAndFsdp2AndItsLocalMe
     const auto r = observe(out, 2, example, "--wrap " + wrap);
     EXPECT_EQ(r.code, 0) << wrap << "\n" << r.out;
     EXPECT_EQ(check_of(run_of(out), "grad.parity")["tolerance"], 2e-5) << wrap << "\n" << r.out;
-    EXPECT_NE(r.out.find("held to float32's calibrated tolerances (NOTE [inner precision])"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("held to float32's calibrated tolerances (NOTE [inner precision])"), std::string::npos)
+        << r.out;
   }
   const std::string out = test::fresh_dir("gradcert_observe_jobs", "peft-loop-local");
   const auto r = observe(out, 2, example, "--loss local-mean");

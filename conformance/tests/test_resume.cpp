@@ -183,7 +183,9 @@ TEST(ConformanceResume, EachResumeMutantIsCaughtByTheCheckThatNamesIt) {
       const RunReport r = run_backend(req);
       ASSERT_TRUE(r.error.empty()) << c.backend << " " << m << ": " << r.error;
       const auto caught = r.detected_by();
-      const auto has = [&](const std::string& id) { return std::find(caught.begin(), caught.end(), id) != caught.end(); };
+      const auto has = [&](const std::string& id) {
+        return std::find(caught.begin(), caught.end(), id) != caught.end();
+      };
       const CheckResult* cp = check_of(r, "resume.checkpoint");
       ASSERT_NE(cp, nullptr) << m;
       if (m == "resume-optimizer-unsaved") {
@@ -253,8 +255,7 @@ TEST(ConformanceResume, BadResumeRequestsAreRefusedNamingTheField) {
       << refused(external);
   RunRequest command = resumed("ddp", 2, 1, "bad_command");
   command.spec.resume.command = "true";
-  EXPECT_NE(refused(command).find("resume.command (--resume-command) applies to --backend external"),
-            std::string::npos)
+  EXPECT_NE(refused(command).find("resume.command (--resume-command) applies to --backend external"), std::string::npos)
       << refused(command);
   RunRequest audit = resumed("external", 2, 1, "bad_audit");
   audit.command = "true";

@@ -296,8 +296,8 @@ TEST(Checks, ToleranceIsFactorTimesTheNoiseFloorNeverBelowTheCalibratedOne) {
   Fixture f;
   std::vector<ReferenceUpdate> forced = f.ref;
   for (auto& r : forced) r.floor = {2e-9, 1e-9, 1e-9, 3e-9, true};
-  forced[1].floor.grad = 4e-9;                        // the worst update's floor sets it
-  f.run[2].grads["a.weight"].held[2] *= 1 + 1e-8;   // rel L2 ~1e-8: above 1e-10, below 10 x 4e-9
+  forced[1].floor.grad = 4e-9;                     // the worst update's floor sets it
+  f.run[2].grads["a.weight"].held[2] *= 1 + 1e-8;  // rel L2 ~1e-8: above 1e-10, below 10 x 4e-9
   const auto g = find(run_checks(forced_input(f, forced, 10)), "grad.parity");
   EXPECT_EQ(g.verdict, Verdict::Pass) << g.detail;
   EXPECT_DOUBLE_EQ(g.tolerance, 4e-8);

@@ -89,8 +89,10 @@ TEST(Dataset, SamplesAreDeterministicAndMasked) {
     ASSERT_EQ(a.tokens.size(), a.labels.size());
     EXPECT_EQ(a.labels.back(), kIgnoreIndex) << "the last position has no next token";
     for (size_t t = 0; t + 1 < a.tokens.size(); ++t) {
-      if (static_cast<int>(t) + 1 < a.prompt_len) EXPECT_EQ(a.labels[t], kIgnoreIndex) << "prompt is masked";
-      else EXPECT_EQ(a.labels[t], a.tokens[t + 1]);
+      if (static_cast<int>(t) + 1 < a.prompt_len)
+        EXPECT_EQ(a.labels[t], kIgnoreIndex) << "prompt is masked";
+      else
+        EXPECT_EQ(a.labels[t], a.tokens[t + 1]);
     }
     for (auto tok : a.tokens) EXPECT_NE(tok, kPadToken);
   }

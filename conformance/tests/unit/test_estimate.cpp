@@ -37,7 +37,8 @@ TEST(MemoryEstimate, EveryNamedRecipe) {
   const std::map<std::string, std::pair<double, std::string>> expected = {
       {"mixed-adam", {16, "2 (bf16 weights) + 2 (bf16 grads) + 4 (fp32 master) + 8 (two fp32 moments) = 16 B/param"}},
       {"fp32-adam", {16, "4 (fp32 weights) + 4 (fp32 grads) + 8 (two fp32 moments) = 16 B/param"}},
-      {"fp32-grads-adam", {18, "2 (bf16 weights) + 4 (fp32 grads) + 4 (fp32 master) + 8 (two fp32 moments) = 18 B/param"}},
+      {"fp32-grads-adam",
+       {18, "2 (bf16 weights) + 4 (fp32 grads) + 4 (fp32 master) + 8 (two fp32 moments) = 18 B/param"}},
       {"sgd", {8, "4 (fp32 weights) + 4 (fp32 grads) = 8 B/param"}},
       {"sgd-momentum", {12, "4 (fp32 weights) + 4 (fp32 grads) + 4 (fp32 momentum) = 12 B/param"}},
   };
@@ -67,7 +68,8 @@ TEST(MemoryEstimate, RecipeOfAGradcertRun) {
   };
   EXPECT_EQ(r(DType::Float64, "sgd").breakdown(), "8 (fp64 weights) + 8 (fp64 grads) = 16 B/param");
   EXPECT_EQ(r(DType::Float64, "sgd", 0.9).per_param(), 24);
-  EXPECT_EQ(r(DType::Float32, "adamw").breakdown(), "4 (fp32 weights) + 4 (fp32 grads) + 8 (two fp32 moments) = 16 B/param");
+  EXPECT_EQ(r(DType::Float32, "adamw").breakdown(),
+            "4 (fp32 weights) + 4 (fp32 grads) + 8 (two fp32 moments) = 16 B/param");
   EXPECT_EQ(r(DType::BFloat16, "adamw").breakdown(),
             "2 (bf16 weights) + 2 (bf16 grads) + 4 (fp32 master) + 8 (two fp32 moments) = 16 B/param");
   EXPECT_EQ(r(DType::BFloat16, "sgd", 0.9).per_param(), 12);
@@ -85,12 +87,12 @@ TEST(MemoryEstimate, EveryStrategyWithCeilShards) {
   const int64_t L = 801;  // layer params (TP splits these); 200 replicated
   const Case cases[] = {
       {Sharding::Single, 1, 1, 1, 2002, 2002, 4004, 8008, 0},
-      {Sharding::DDP, 4, 1, 1, 2002, 2002, 4004, 8008, 0},          // replicated
-      {Sharding::ZeRO1, 4, 1, 1, 2002, 2002, 251 * 4, 251 * 8, 0},  // optimizer state + master sharded
-      {Sharding::ZeRO2, 4, 1, 1, 2002, 251 * 2, 251 * 4, 251 * 8, 0},  // + grads
+      {Sharding::DDP, 4, 1, 1, 2002, 2002, 4004, 8008, 0},                      // replicated
+      {Sharding::ZeRO1, 4, 1, 1, 2002, 2002, 251 * 4, 251 * 8, 0},              // optimizer state + master sharded
+      {Sharding::ZeRO2, 4, 1, 1, 2002, 251 * 2, 251 * 4, 251 * 8, 0},           // + grads
       {Sharding::ZeRO3, 4, 1, 1, 251 * 2, 251 * 2, 251 * 4, 251 * 8, 100 * 4},  // + params, + unit (w + g)
       {Sharding::FSDP, 4, 1, 1, 251 * 2, 251 * 2, 251 * 4, 251 * 8, 100 * 4},
-      {Sharding::ZeRO3, 1, 1, 1, 2002, 2002, 4004, 8008, 0},        // one rank: nothing to gather
+      {Sharding::ZeRO3, 1, 1, 1, 2002, 2002, 4004, 8008, 0},           // one rank: nothing to gather
       {Sharding::TP, 4, 4, 1, 401 * 2, 401 * 2, 401 * 4, 401 * 8, 0},  // ceil(801/4) + 200 = 401
       {Sharding::TP, 4, 1, 1, 2002, 2002, 4004, 8008, 0},              // TP = 1 x DP 4: a full replica
       {Sharding::PP, 4, 1, 4, 251 * 2, 251 * 2, 251 * 4, 251 * 8, 0},  // average stage ceil(1001/4)
@@ -100,8 +102,8 @@ TEST(MemoryEstimate, EveryStrategyWithCeilShards) {
   };
   for (const auto& c : cases) {
     const auto e = est(1001, "mixed-adam", c.s, c.world, c.tp, c.pp, L, 100);
-    const std::string what = sharding_name(c.s) + " world " + std::to_string(c.world) + " tp " +
-                             std::to_string(c.tp) + " pp " + std::to_string(c.pp);
+    const std::string what = sharding_name(c.s) + " world " + std::to_string(c.world) + " tp " + std::to_string(c.tp) +
+                             " pp " + std::to_string(c.pp);
     EXPECT_EQ(e.weights, c.weights) << what;
     EXPECT_EQ(e.grads, c.grads) << what;
     EXPECT_EQ(e.master, c.master) << what;
@@ -284,4 +286,3 @@ TEST(MemoryReport, JsonAndMarkdownSections) {
   EXPECT_NE(tmd.find("## Throughput"), std::string::npos);
   EXPECT_NE(tmd.find("GPU-hours ratio"), std::string::npos);
 }
-

@@ -87,9 +87,9 @@ TEST(StrictSafetensors, RejectsGapsAndTrailingBytes) {
 
 // (4) A NUL ends nlohmann's input early, so what followed it was never parsed.
 TEST(StrictSafetensors, RejectsNulAndNonObjectHeaders) {
-  EXPECT_EQ(st_error(std::string(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})") + '\0' + "garbage",
-                     zeros(4)),
-            "f.safetensors: safetensors header holds a NUL byte");
+  EXPECT_EQ(
+      st_error(std::string(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})") + '\0' + "garbage", zeros(4)),
+      "f.safetensors: safetensors header holds a NUL byte");
   EXPECT_EQ(st_error(" {}", ""), "f.safetensors: safetensors header does not start with '{'");
 }
 
@@ -284,7 +284,7 @@ TEST(WriteErrors, NameThePathAndTheCause) {
     write_file_atomic(missing, "report");
     FAIL() << "no error writing into a missing folder";
   } catch (const ArtifactError& e) {
-    EXPECT_EQ(std::string(e.what()), missing + ".tmp." + std::to_string(::getpid()) +
-                                         ": cannot open for writing: No such file or directory");
+    EXPECT_EQ(std::string(e.what()),
+              missing + ".tmp." + std::to_string(::getpid()) + ": cannot open for writing: No such file or directory");
   }
 }

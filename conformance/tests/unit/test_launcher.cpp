@@ -49,9 +49,7 @@ LaunchRequest sh_request(int world, const std::string& script, const std::string
   return req;
 }
 
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
@@ -67,8 +65,10 @@ class EnvGuard {
   }
   ~EnvGuard() {
     for (auto& [k, v] : saved_) {
-      if (v) setenv(k.c_str(), v->c_str(), 1);
-      else unsetenv(k.c_str());
+      if (v)
+        setenv(k.c_str(), v->c_str(), 1);
+      else
+        unsetenv(k.c_str());
     }
   }
 
@@ -204,12 +204,14 @@ TEST(Launcher, RankAndWorldFromEnv) {
 
   auto expect_error = [](const char* rank, const char* world, const std::string& needle) {
     setenv("GRADCERT_RANK", rank, 1);
-    if (world) setenv("GRADCERT_WORLD", world, 1);
-    else unsetenv("GRADCERT_WORLD");
+    if (world)
+      setenv("GRADCERT_WORLD", world, 1);
+    else
+      unsetenv("GRADCERT_WORLD");
     try {
       auto rw = rank_and_world_from_env();
-      ADD_FAILURE() << "no error for rank=" << rank << " world=" << (world ? world : "(unset)")
-                    << ", got " << rw.first << "/" << rw.second;
+      ADD_FAILURE() << "no error for rank=" << rank << " world=" << (world ? world : "(unset)") << ", got " << rw.first
+                    << "/" << rw.second;
     } catch (const std::runtime_error& e) {
       EXPECT_TRUE(contains(e.what(), needle)) << e.what();
     }
@@ -289,7 +291,6 @@ TEST(Launcher, MpirunNamesFailingRank) {
   EXPECT_TRUE(contains(res.message, "gradcert rank 1: boom")) << res.message;
 }
 
-
 // (issue 13, item 10) A rank that exits 0 while its peer still runs left the peer in a collective
 // ("Connection reset by peer"); the peer's error exit used to be blamed.
 TEST(Launcher, RankThatExitsZeroEarlyIsBlamed) {
@@ -302,7 +303,8 @@ TEST(Launcher, RankThatExitsZeroEarlyIsBlamed) {
   EXPECT_EQ(res.first_failed_rank, 1) << res.message;
   EXPECT_EQ(res.message.rfind("rank 1 exited 0 after 0.", 0), 0u) << res.message;
   EXPECT_TRUE(contains(res.message, " s before the run finished (its peers were still running); then rank 0 exited "
-                                    "with code 2 after 1.")) << res.message;
+                                    "with code 2 after 1."))
+      << res.message;
   EXPECT_TRUE(contains(res.message, "Connection reset by peer")) << res.message;
 }
 
@@ -435,8 +437,7 @@ TEST(Launcher, ZygoteForksRanksAsChildrenAndIsGivenUpOnceItDies) {
   }
   int status = 0;
   ASSERT_EQ(::waitpid(helper, &status, 0), helper);
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
-      << "helper status " << status << ": " << slurp(report);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "helper status " << status << ": " << slurp(report);
 }
 
 }  // namespace

@@ -113,7 +113,7 @@ TEST(ShardArtifacts, RangesAndBoxesFromEveryRankReadAsTheWholeTensor) {
   ShardRun run("tile");
   const auto updates = run.write_and_read([](int r, int u, bool params) {
     std::vector<ShardPiece> out;
-    out.push_back(w_box({0, 2 * r}, {3, 2}, u, params));                                  // columns [2r, 2r + 2)
+    out.push_back(w_box({0, 2 * r}, {3, 2}, u, params));                                        // columns [2r, 2r + 2)
     out.push_back(r == 0 ? flat("b", {5}, 0, 3, u, params) : flat("b", {5}, 3, 5, u, params));  // b split 3 | 2
     return out;
   });

@@ -22,7 +22,8 @@ namespace {
 std::string manifest_text(const Plan& plan, const json& loss, const json& n, bool drop_loss_key = false) {
   json ups = json::array();
   for (const auto& w : plan.windows) {
-    json u = {{"update", w.update}, {"loss", loss}, {"valid_targets", n}, {"step_seconds", 0.1},
+    json u = {{"update", w.update},       {"loss", loss},
+              {"valid_targets", n},       {"step_seconds", 0.1},
               {"grads", "g.safetensors"}, {"params", "p.safetensors"}};
     if (drop_loss_key) u.erase("loss");
     ups.push_back(u);
@@ -124,24 +125,41 @@ std::string findings_dir(const std::string& ledger_verdict, const std::string& p
   std::filesystem::create_directories(dir + "/entries");
   json plan = {{"windows", json::array({{{"update", 0}, {"partial", false}}, {{"update", 1}, {"partial", true}}})}};
   write_file_atomic(run_dir + "/plan.json", plan.dump());
-  json manifest = {{"versions", {{"stack_version", "transformers 9.9.9"}}}, {"notes", "facts"},
+  json manifest = {{"versions", {{"stack_version", "transformers 9.9.9"}}},
+                   {"notes", "facts"},
                    {"updates", json::array({json::object(), json::object()})}};
   write_file_atomic(run_dir + "/manifest.json", manifest.dump());
-  json report = {{"runs", json::array({{{"verdict", "fail"}, {"run_dir", run_dir},
-                                        {"checks", json::array({{{"id", "batch.sample_ledger"}, {"verdict", ledger_verdict},
-                                                                 {"figure", 2}, {"tolerance", 0}, {"detail", "ids 20,21 twice"}},
-                                                                {{"id", "grad.parity"}, {"verdict", "fail"},
-                                                                 {"figure", 0.5}, {"tolerance", 1e-10}, {"detail", "d"}}})},
-                                        {"diagnosis", {{"matched", true}, {"separated", false},
-                                                       {"best", {{"id", "micro-mean"}, {"figure", 1e-16}}},
-                                                       {"note", "n"},
-                                                       {"per_update", json::array({{{"update", 0}, {"best", "micro-mean"}},
-                                                                                   {{"update", 1}, {"best", partial_best}}})}}}}})}};
+  json report = {{"runs", json::array({{{"verdict", "fail"},
+                                        {"run_dir", run_dir},
+                                        {"checks", json::array({{{"id", "batch.sample_ledger"},
+                                                                 {"verdict", ledger_verdict},
+                                                                 {"figure", 2},
+                                                                 {"tolerance", 0},
+                                                                 {"detail", "ids 20,21 twice"}},
+                                                                {{"id", "grad.parity"},
+                                                                 {"verdict", "fail"},
+                                                                 {"figure", 0.5},
+                                                                 {"tolerance", 1e-10},
+                                                                 {"detail", "d"}}})},
+                                        {"diagnosis",
+                                         {{"matched", true},
+                                          {"separated", false},
+                                          {"best", {{"id", "micro-mean"}, {"figure", 1e-16}}},
+                                          {"note", "n"},
+                                          {"per_update", json::array({{{"update", 0}, {"best", "micro-mean"}},
+                                                                      {{"update", 1}, {"best", partial_best}}})}}}}})}};
   write_file_atomic(dir + "/runs/a/report.json", report.dump());
-  write_file_atomic(dir + "/entries/a.json", json{{"id", "s/a"}, {"stack", "s"}, {"config", "a"}, {"world", 2},
-                                                  {"dtype", "float64"}, {"exit", 1}, {"out", dir + "/runs/a"}}.dump());
-  write_file_atomic(dir + "/entries/b.json", json{{"id", "s/b"}, {"stack", "s"}, {"config", "b"}, {"exit", 77},
-                                                  {"skip", "no recipe in this version"}}.dump());
+  write_file_atomic(dir + "/entries/a.json", json{{"id", "s/a"},
+                                                  {"stack", "s"},
+                                                  {"config", "a"},
+                                                  {"world", 2},
+                                                  {"dtype", "float64"},
+                                                  {"exit", 1},
+                                                  {"out", dir + "/runs/a"}}
+                                                 .dump());
+  write_file_atomic(
+      dir + "/entries/b.json",
+      json{{"id", "s/b"}, {"stack", "s"}, {"config", "b"}, {"exit", 77}, {"skip", "no recipe in this version"}}.dump());
   return dir;
 }
 

@@ -121,8 +121,7 @@ TEST(RankStore, AGoneServerOrClientIsAnErrorNotAHang) {
     auto lost = std::async(std::launch::async, [&] {
       try {
         quitter.get("never", 20s);
-      } catch (const std::exception&) {
-      }
+      } catch (const std::exception&) {}
     });
     std::this_thread::sleep_for(50ms);
     const auto t0 = Clock::now();

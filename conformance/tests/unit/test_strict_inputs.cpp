@@ -158,7 +158,8 @@ TEST(StrictPlan, DuplicateKeyIsNamed) {
     parse_plan_json(text, "plan.json");
     FAIL() << "accepted a duplicate key";
   } catch (const ArtifactError& e) {
-    EXPECT_EQ(std::string(e.what()), "plan.json: update_batch: duplicate key 'update_batch' (the last would silently win)");
+    EXPECT_EQ(std::string(e.what()),
+              "plan.json: update_batch: duplicate key 'update_batch' (the last would silently win)");
   }
 }
 
@@ -189,9 +190,10 @@ TEST(StrictArtifacts, FloatOrBooleanIntegersAreRefused) {
   {
     RunFolder f("float_id");
     const int64_t id = f.plan.windows[0].slots[0][0].ids[0];
-    EXPECT_EQ(f.error_after_edit("rank0.json", [&](nlohmann::json& j) { j["updates"][0]["consumed"][0][0] = double(id); }),
-              f.dir + "/rank0.json updates[0]: field 'consumed[0][0]' must be an integer sample id, got " +
-                  std::to_string(id) + ".0");
+    EXPECT_EQ(
+        f.error_after_edit("rank0.json", [&](nlohmann::json& j) { j["updates"][0]["consumed"][0][0] = double(id); }),
+        f.dir + "/rank0.json updates[0]: field 'consumed[0][0]' must be an integer sample id, got " +
+            std::to_string(id) + ".0");
   }
   {
     RunFolder f("bool_targets");
@@ -232,16 +234,19 @@ TEST(StrictArtifacts, NonceMustBeThisRuns) {
   {
     RunFolder f("no_nonce");
     EXPECT_EQ(f.error_after("manifest.json", "\"nonce\": \"" + f.nonce + "\",", ""),
-              f.dir + "/manifest.json: field 'nonce' is missing: the file was not written by this run "
-                      "(GRADCERT_RUN_NONCE=" + f.nonce + "), or by a stack that does not echo the nonce: protocol "
-                      "version 1 had none, version 2 requires it in manifest.json and every rank<g>.json "
-                      "(backends/PROTOCOL.md)");
+              f.dir +
+                  "/manifest.json: field 'nonce' is missing: the file was not written by this run "
+                  "(GRADCERT_RUN_NONCE=" +
+                  f.nonce +
+                  "), or by a stack that does not echo the nonce: protocol "
+                  "version 1 had none, version 2 requires it in manifest.json and every rank<g>.json "
+                  "(backends/PROTOCOL.md)");
   }
   {
     RunFolder f("other_nonce");
     EXPECT_EQ(f.error_after("rank1.json", f.nonce, std::string(32, 'f')),
-              f.dir + "/rank1.json: nonce \"" + std::string(32, 'f') + "\" is not this run's (GRADCERT_RUN_NONCE=" +
-                  f.nonce + "): a file left from another run?");
+              f.dir + "/rank1.json: nonce \"" + std::string(32, 'f') +
+                  "\" is not this run's (GRADCERT_RUN_NONCE=" + f.nonce + "): a file left from another run?");
   }
 }
 

@@ -21,8 +21,7 @@ const std::string kLabel = "out/u0.grads.safetensors";
 
 fs::path scratch_dir() { return test::scratch_dir("gradcert_tensors"); }
 
-HostTensor tensor(const std::string& name, std::vector<int64_t> shape, std::vector<double> values,
-                  DType dtype) {
+HostTensor tensor(const std::string& name, std::vector<int64_t> shape, std::vector<double> values, DType dtype) {
   HostTensor t;
   t.name = name;
   t.shape = std::move(shape);
@@ -59,8 +58,7 @@ std::string two_tensor_header() {
          R"("b":{"dtype":"F32","shape":[2,1],"data_offsets":[8,16]}})";
 }
 
-std::string expect_error(const std::string& bytes,
-                         const std::map<std::string, TensorExpectation>& expect = {}) {
+std::string expect_error(const std::string& bytes, const std::map<std::string, TensorExpectation>& expect = {}) {
   try {
     parse_safetensors(kLabel, bytes, expect);
   } catch (const ArtifactError& e) {
@@ -87,8 +85,7 @@ TensorMap round_trip(const TensorMap& tensors, const std::string& file) {
 }
 
 TEST(Safetensors, DtypeNames) {
-  for (DType d : {DType::Float64, DType::Float32, DType::BFloat16})
-    EXPECT_EQ(parse_dtype(dtype_name(d)), d);
+  for (DType d : {DType::Float64, DType::Float32, DType::BFloat16}) EXPECT_EQ(parse_dtype(dtype_name(d)), d);
   EXPECT_EQ(safetensors_dtype(DType::BFloat16), "BF16");
   try {
     parse_dtype("half");
@@ -116,15 +113,13 @@ TEST(Safetensors, RoundTripFloat32) {
   in["x"] = tensor("x", {3}, {0.1, 1.5, -7.0}, DType::Float32);
   TensorMap out = round_trip(in, "f32.safetensors");
   EXPECT_EQ(out["x"].dtype, DType::Float32);
-  EXPECT_EQ(vals(out["x"]),
-            (std::vector<double>{static_cast<float>(0.1), 1.5, -7.0}));
+  EXPECT_EQ(vals(out["x"]), (std::vector<double>{static_cast<float>(0.1), 1.5, -7.0}));
 }
 
 TEST(Safetensors, RoundTripBFloat16RoundsToNearestEven) {
   TensorMap in;
-  in["g"] = tensor("g", {5},
-                   {1.00390625, 1.01171875, 1.0, -3.0, std::numeric_limits<double>::quiet_NaN()},
-                   DType::BFloat16);
+  in["g"] =
+      tensor("g", {5}, {1.00390625, 1.01171875, 1.0, -3.0, std::numeric_limits<double>::quiet_NaN()}, DType::BFloat16);
   TensorMap out = round_trip(in, "bf16.safetensors");
   const std::vector<double> v = vals(out["g"]);
   ASSERT_EQ(v.size(), 5u);
@@ -216,14 +211,12 @@ TEST(Safetensors, ReadMissingFileNamesPath) {
 TEST(Safetensors, AcceptsPaddedHeaderAndMetadata) {
   std::string header = R"({"__metadata__":{"k":"v"},"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
   header.append(5, ' ');
-  TensorMap out = parse_safetensors(kLabel, file_bytes(header, f32_bytes({1.0f, 2.0f})),
-                                    {{"a", {{2}, DType::Float32}}});
+  TensorMap out =
+      parse_safetensors(kLabel, file_bytes(header, f32_bytes({1.0f, 2.0f})), {{"a", {{2}, DType::Float32}}});
   EXPECT_EQ(vals(out["a"]), (std::vector<double>{1.0, 2.0}));
 }
 
-TEST(Safetensors, RejectsTooShortFile) {
-  expect_mentions(expect_error(std::string("\x08\x00\x00", 3)));
-}
+TEST(Safetensors, RejectsTooShortFile) { expect_mentions(expect_error(std::string("\x08\x00\x00", 3))); }
 
 TEST(Safetensors, RejectsTruncatedDataSection) {
   std::string bytes = file_bytes(two_tensor_header(), f32_bytes({1, 2, 3, 4}));
@@ -274,17 +267,15 @@ TEST(Safetensors, RejectsMalformedEntries) {
 }
 
 TEST(Safetensors, RejectsWrongShapeVsExpect) {
-  const std::string msg =
-      expect_error(file_bytes(two_tensor_header(), f32_bytes({1, 2, 3, 4})),
-                   {{"a", {{2}, DType::Float32}}, {"b", {{1, 2}, DType::Float32}}});
+  const std::string msg = expect_error(file_bytes(two_tensor_header(), f32_bytes({1, 2, 3, 4})),
+                                       {{"a", {{2}, DType::Float32}}, {"b", {{1, 2}, DType::Float32}}});
   expect_mentions(msg, "b");
   EXPECT_NE(msg.find("shape [2,1] but the plan expects [1,2]"), std::string::npos) << msg;
 }
 
 TEST(Safetensors, RejectsWrongDtypeVsExpect) {
-  const std::string msg =
-      expect_error(file_bytes(two_tensor_header(), f32_bytes({1, 2, 3, 4})),
-                   {{"a", {{2}, DType::BFloat16}}, {"b", {{2, 1}, DType::Float32}}});
+  const std::string msg = expect_error(file_bytes(two_tensor_header(), f32_bytes({1, 2, 3, 4})),
+                                       {{"a", {{2}, DType::BFloat16}}, {"b", {{2, 1}, DType::Float32}}});
   expect_mentions(msg, "a");
   EXPECT_NE(msg.find("bfloat16"), std::string::npos) << msg;
 }
@@ -292,23 +283,20 @@ TEST(Safetensors, RejectsWrongDtypeVsExpect) {
 TEST(Safetensors, RejectsMissingTensor) {
   const std::string msg =
       expect_error(file_bytes(two_tensor_header(), f32_bytes({1, 2, 3, 4})),
-                   {{"a", {{2}, DType::Float32}},
-                    {"b", {{2, 1}, DType::Float32}},
-                    {"c", {{1}, DType::Float32}}});
+                   {{"a", {{2}, DType::Float32}}, {"b", {{2, 1}, DType::Float32}}, {"c", {{1}, DType::Float32}}});
   expect_mentions(msg, "c");
   EXPECT_NE(msg.find("is missing"), std::string::npos) << msg;
 }
 
 TEST(Safetensors, RejectsExtraTensor) {
-  const std::string msg = expect_error(file_bytes(two_tensor_header(), f32_bytes({1, 2, 3, 4})),
-                                       {{"a", {{2}, DType::Float32}}});
+  const std::string msg =
+      expect_error(file_bytes(two_tensor_header(), f32_bytes({1, 2, 3, 4})), {{"a", {{2}, DType::Float32}}});
   expect_mentions(msg, "b");
 }
 
 TEST(Safetensors, RejectsOverlappingOffsets) {
-  const std::string header =
-      R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
-      R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})";
+  const std::string header = R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                             R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})";
   const std::string msg = expect_error(file_bytes(header, f32_bytes({1, 2, 3})));
   expect_mentions(msg, "b");
   EXPECT_NE(msg.find("overlap"), std::string::npos) << msg;

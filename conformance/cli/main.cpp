@@ -56,8 +56,10 @@ int dispatch(int argc, char** argv) {
 
   try {
     for (const auto& [opt, value] : o.counts)
-      if (opt->count() > 0 && *value < 1)
-        throw std::invalid_argument(opt->get_name() + ": must be >= 1, got " + std::to_string(*value));
+      if (opt->count() > 0 && (*value < 1 || *value > kMaxWorld))
+        throw std::invalid_argument(opt->get_name() + ": must be in [1, " + std::to_string(kMaxWorld) + "], got " +
+                                    std::to_string(*value) +
+                                    (*value > kMaxWorld ? " (gradcert starts every rank as a process)" : ""));
     for (const auto& v : verbs)
       if (*v.cmd) return v.run();
   } catch (const SpecError& e) {

@@ -55,6 +55,11 @@ std::string exact_text(double x) {
   return b;
 }
 
+std::string quoted_excerpt(const std::string& s, size_t max) {
+  if (s.size() <= max) return "'" + s + "'";
+  return "'" + s.substr(0, max) + "...' (" + std::to_string(s.size()) + " bytes)";
+}
+
 std::string human_bytes(double bytes) {
   static const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
   int u = 0;

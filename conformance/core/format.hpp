@@ -20,6 +20,9 @@ std::string xml_escape(const std::string& s);
 std::string exact_text(double x);
 /// "8.94 GiB", "3.20 MiB", "512 B" (binary units, 2 decimals above 1 KiB).
 std::string human_bytes(double bytes);
+/// A user's text inside a message: quoted whole up to `max` characters, else its first `max`
+/// characters and its length ("'abc...' (104857600 bytes)"), so no input is echoed at length.
+std::string quoted_excerpt(const std::string& s, size_t max = 60);
 /// Scientific form, trailing zeros dropped, up to 5 significant digits: 9.6e9, 1.284e9, 5.792e3.
 std::string sci(double x);
 

@@ -1,5 +1,6 @@
 #include "conformance/core/spec.hpp"
 
+#include "conformance/core/format.hpp"
 #include "conformance/core/strict_json.hpp"
 
 #include <cmath>
@@ -15,7 +16,7 @@ namespace gradcert {
 using nlohmann::json;
 
 SpecError::SpecError(const std::string& f, const std::string& what)
-    : std::runtime_error("spec field '" + f + "': " + what), field(f) {}
+    : std::runtime_error("spec field " + quoted_excerpt(f) + ": " + what), field(f) {}
 
 // NOTE [tolerances] Parity is the relative L2 error of each tensor against the float64
 // reference (and of the loss). Measured on the built-in model over seeds 1-8, single and
@@ -146,6 +147,63 @@ void range(int lo, int hi, const std::string& f) {
   if (hi < lo) throw SpecError(f + "_max", "must be >= " + f + "_min");
 }
 
+// NOTE [optimizer ranges] The ranges torch.optim itself enforces (SGD: lr, momentum and
+// weight_decay >= 0; Adam / AdamW: also eps >= 0 and betas in [0, 1)), every value finite: a
+// spec outside them names the field instead of running a rule no stack would run.
+void optimizer_ranges(const OptimizerSpec& o) {
+  auto at_least_zero = [](double v, const char* f, const char* what) {
+    if (!(v >= 0) || !std::isfinite(v))
+      throw SpecError(f, std::string("must be a finite number >= 0") + what + ", got " + g3_text(v));
+  };
+  at_least_zero(o.lr, "optimizer.lr", " (0: the optimizer's default)");
+  at_least_zero(o.momentum, "optimizer.momentum", " (torch.optim.SGD's range)");
+  at_least_zero(o.weight_decay, "optimizer.weight_decay", " (torch.optim's range)");
+  at_least_zero(o.eps, "optimizer.eps", " (torch.optim.AdamW's range)");
+  for (auto [v, f] : {std::pair{o.beta1, "optimizer.beta1"}, {o.beta2, "optimizer.beta2"}})
+    if (!(v >= 0 && v < 1)) throw SpecError(f, "must be in [0, 1) (torch.optim.AdamW's range), got " + g3_text(v));
+}
+
+// NOTE [spec limits] Sizes are bounded before anything is allocated, each error naming the field,
+// its value, the limit and the memory it would take: the plan holds every example of the dataset
+// and every update's D x A microbatch slots, the built-in model every parameter (weights,
+// gradient and two optimizer slots in float64 per rank), and gradcert starts every rank itself.
+constexpr int64_t kMaxDatasetSize = 1'000'000, kMaxUpdates = 1'000'000, kMaxBatch = 1'000'000;
+constexpr int64_t kMaxSlots = 10'000'000, kMaxParameters = 100'000'000;
+constexpr int64_t kSlotBytes = 64, kParameterBytes = 32;
+
+void at_most(double v, int64_t limit, const std::string& f, const std::string& what, double bytes_each) {
+  if (v <= static_cast<double>(limit)) return;
+  throw SpecError(f, sci(v) + " exceeds the limit " + sci(static_cast<double>(limit)) + " (" + what +
+                         (bytes_each > 0 ? ": it would need about " + human_bytes(v * bytes_each) : std::string()) +
+                         ")");
+}
+
+// The built-in model's parameters (embeddings, blocks, head), as conformance/model/model.cpp makes them.
+double builtin_parameters(const ModelSpec& m) {
+  const double d = m.d_model, ff = m.d_ff;
+  return 2.0 * m.vocab * d + double(m.max_len) * d + m.layers * (4 * d * d + 2 * d * ff + ff + 9 * d) + 2 * d;
+}
+
+void spec_limits(const Spec& s) {
+  const double example_bytes = 96 + 16.0 * std::max(s.model.max_len, 1);
+  at_most(s.dataset.size, kMaxDatasetSize, "dataset.size", "the plan holds every example", example_bytes);
+  at_most(s.updates, kMaxUpdates, "updates", "the plan holds every window", 0);
+  at_most(s.batch.micro, kMaxBatch, "batch.micro", "examples in one forward", example_bytes);
+  at_most(s.batch.accum, kMaxBatch, "batch.accum", "microsteps in one window", kSlotBytes);
+  const TopologySpec& t = s.topology;
+  for (auto [v, f] : {std::pair{t.dp, "topology.dp"}, {t.tp, "topology.tp"}, {t.pp, "topology.pp"}})
+    at_most(v, kMaxWorld, f, "gradcert starts every rank as a process", 0);
+  at_most(double(t.dp) * t.tp * t.pp, kMaxWorld, "topology.dp", "D x TP x PP ranks, each a process", 0);
+  const double batch = double(s.batch.micro) * s.batch.accum * t.dp;
+  at_most(batch, kMaxBatch, "batch.micro", "B_update = B_micro x A x D", example_bytes);
+  const double windows = s.updates > 0 ? s.updates : std::ceil(std::max(s.dataset.size, 1) / batch);
+  at_most(windows * t.dp * s.batch.accum, kMaxSlots, s.updates > 0 ? "updates" : "batch.accum",
+          "the plan's microbatch slots: windows x D x A", kSlotBytes);
+  if (s.model.factory.empty())
+    at_most(builtin_parameters(s.model), kMaxParameters, "model.d_model",
+            "the built-in model's parameters from model.vocab, d_model, d_ff, layers and max_len", kParameterBytes);
+}
+
 }  // namespace
 
 void validate_spec(const Spec& s) {
@@ -179,10 +237,11 @@ void validate_spec(const Spec& s) {
   positive(s.topology.pp, "topology.pp");
   if (s.updates < 0) throw SpecError("updates", "must be >= 0 (0 = one epoch)");
   if (s.device != "cpu" && s.device != "cuda" && s.device != "auto")
-    throw SpecError("device", "expected cpu, cuda or auto, got '" + s.device + "'");
+    throw SpecError("device", "expected cpu, cuda or auto, got " + quoted_excerpt(s.device));
   if (s.optimizer.name != "sgd" && s.optimizer.name != "adamw")
-    throw SpecError("optimizer.name", "unknown optimizer '" + s.optimizer.name + "' (expected sgd or adamw)");
-  if (!(s.optimizer.lr >= 0)) throw SpecError("optimizer.lr", "must be >= 0 (0: the optimizer's default)");
+    throw SpecError("optimizer.name",
+                    "unknown optimizer " + quoted_excerpt(s.optimizer.name) + " (expected sgd or adamw)");
+  optimizer_ranges(s.optimizer);
   if (!(s.optimizer.max_grad_norm >= 0) || !std::isfinite(s.optimizer.max_grad_norm))
     throw SpecError("optimizer.max_grad_norm", "must be a finite number >= 0 (0: no clipping)");
   for (auto [v, f] : {std::pair{s.tolerance.float64, "tolerance.float64"},
@@ -196,7 +255,8 @@ void validate_spec(const Spec& s) {
     throw SpecError("tolerance.floor_factor", "must be 0 (the calibrated tolerances alone) or a finite number >= 1");
   timeout_seconds(s.timeout.collective_s, "timeout.collective_s");
   if (s.pipeline.schedule != "1f1b" && s.pipeline.schedule != "gpipe")
-    throw SpecError("pipeline.schedule", "unknown schedule '" + s.pipeline.schedule + "' (expected 1f1b or gpipe)");
+    throw SpecError("pipeline.schedule",
+                    "unknown schedule " + quoted_excerpt(s.pipeline.schedule) + " (expected 1f1b or gpipe)");
   timeout_seconds(s.timeout.run_s, "timeout.run_s");
   if (!(s.memory.budget_bytes >= 0)) throw SpecError("memory.budget_bytes", "must be >= 0 (0: no budget)");
   // resume.at < the plan's number of updates is the harness's check (it knows the plan).
@@ -210,6 +270,7 @@ void validate_spec(const Spec& s) {
                     : !s.resume.command.empty() ? "resume.command"
                                                 : "resume.world",
                     "needs resume.at (the update count at which the run stops and resumes)");
+  spec_limits(s);  // after the checks above: every count is >= 1 here
 }
 
 // NOTE [spec fields] The one list of the spec's fields, in the JSON's order: parse_spec reads
@@ -317,7 +378,7 @@ Spec parse_spec(const std::string& text, const std::string& source) {
 
 Spec load_spec(const std::string& path) {
   std::ifstream in(path);
-  if (!in) throw SpecError("(file)", "cannot read spec file '" + path + "'");
+  if (!in) throw SpecError("(file)", "cannot read spec file " + quoted_excerpt(path, 200));
   std::stringstream ss;
   ss << in.rdbuf();
   return parse_spec(ss.str(), path);

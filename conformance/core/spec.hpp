@@ -48,6 +48,9 @@ struct BatchSpec {
 };
 
 /// The process grid. world = dp x tp x pp.
+/// The most ranks one run starts (NOTE [spec limits]): --world and D x TP x PP.
+constexpr int kMaxWorld = 4096;
+
 struct TopologySpec {
   int dp = 2, tp = 1, pp = 1;
   int world() const { return dp * tp * pp; }

@@ -1,5 +1,7 @@
 #include "conformance/core/tensors.hpp"
 
+#include "conformance/core/format.hpp"
+
 #include "conformance/core/files.hpp"
 
 #include <cmath>
@@ -34,7 +36,7 @@ std::string dtype_name(DType d) { return dtype_facts(d).name; }
 DType parse_dtype(const std::string& name) {
   for (const auto& f : kDTypes)
     if (name == f.name) return f.dtype;
-  throw std::invalid_argument("unknown dtype '" + name + "' (expected float64, float32 or bfloat16)");
+  throw std::invalid_argument("unknown dtype " + quoted_excerpt(name) + " (expected float64, float32 or bfloat16)");
 }
 
 std::string safetensors_dtype(DType d) { return dtype_facts(d).safetensors; }

@@ -131,7 +131,8 @@ TEST(StrictSpec, DuplicateKeyNamesTheField) {
 TEST(StrictSpec, DeepOrLongValuesAreRefusedSafely) {
   const std::string deep = spec_error(R"({"batch": {"micro": )" + nested(100000) + "}}");
   EXPECT_EQ(deep.rfind("spec field 'batch.micro[0][0]", 0), 0u) << deep;
-  EXPECT_NE(deep.find("': nested deeper than 64 levels"), std::string::npos) << deep;
+  EXPECT_NE(deep.find("...' (83 bytes): nested deeper than 64 levels"), std::string::npos) << deep;
+  EXPECT_LT(deep.size(), 200u);
   const std::string longv = spec_error(R"({"batch": {"micro": ")" + std::string(1 << 20, 'x') + "\"}}");
   EXPECT_EQ(longv.rfind("spec field 'batch.micro': expected an integer, got \"xxxx", 0), 0u) << longv.substr(0, 200);
   EXPECT_LT(longv.size(), 200u);
@@ -258,4 +259,82 @@ TEST(StrictArtifacts, RankAndUpdateIndicesAreChecked) {
   RunFolder g("wrong_update");
   EXPECT_EQ(g.error_after("rank0.json", "\"update\": 1", "\"update\": 2"),
             g.dir + "/rank0.json updates[1]: field 'update' is 2, expected 1");
+}
+
+// Issue 36 item 2: oversized sizes are refused before anything is allocated (they ended in
+// std::bad_alloc), naming the field, the value, the limit and the memory (NOTE [spec limits]).
+TEST(StrictSpec, OversizedValuesNameTheFieldTheLimitAndTheMemory) {
+  const std::pair<const char*, const char*> cases[] = {
+      {R"({"dataset":{"size":1000000000}})", "spec field 'dataset.size': 1e9 exceeds the limit 1e6"},
+      {R"({"updates":2147483647})", "spec field 'updates': 2.1475e9 exceeds the limit 1e6"},
+      {R"({"batch":{"micro":2000000000}})", "spec field 'batch.micro': 2e9 exceeds the limit 1e6"},
+      {R"({"batch":{"accum":2000000000}})", "spec field 'batch.accum': 2e9 exceeds the limit 1e6"},
+      {R"({"topology":{"dp":2147483647}})", "spec field 'topology.dp': 2.1475e9 exceeds the limit 4.096e3"},
+      {R"({"batch":{"micro":1000,"accum":1000}})", "B_update = B_micro x A x D"},
+      {R"({"updates":1000000,"batch":{"accum":1000}})", "spec field 'updates'"},
+      {R"({"model":{"d_model":65536,"heads":1}})", "spec field 'model.d_model'"}};
+  for (const auto& [text, want] : cases) {
+    const std::string e = spec_error(text);
+    EXPECT_NE(e.find(want), std::string::npos) << text << "\n" << e;
+  }
+  EXPECT_NE(spec_error(R"({"dataset":{"size":1000000000}})").find("it would need about"), std::string::npos);
+  EXPECT_EQ(spec_error(R"({"dataset":{"size":1000000}})"), "(no error)");  // the limit itself is allowed
+}
+
+// Issue 36 item 3: a long string in any spec field is quoted by a short prefix and its length
+// (a 100 MB string was echoed whole), in the value and in an unknown key's name alike.
+TEST(StrictSpec, LongStringsAreQuotedShort) {
+  const std::string big(1 << 20, 'x');
+  const std::string texts[] = {R"({"device":")" + big + R"("})", R"({"optimizer":{"name":")" + big + R"("}})",
+                               R"({"pipeline":{"schedule":")" + big + R"("}})", R"({"dtype":")" + big + R"("})",
+                               R"({")" + big + R"(":1})"};
+  for (const auto& text : texts) {
+    const std::string e = spec_error(text);
+    EXPECT_NE(e, "(no error)");
+    EXPECT_LT(e.size(), 300u) << e.substr(0, 300);
+    EXPECT_NE(e.find("(1048576 bytes)"), std::string::npos) << e.substr(0, 300);
+  }
+}
+
+// Issue 36 item 5: the optimizer ranges torch.optim enforces (NOTE [optimizer ranges]); a run with
+// momentum -5 used to exit 0.
+TEST(StrictSpec, OptimizerValuesOutsideTorchsRangesAreRefused) {
+  const std::pair<const char*, const char*> cases[] = {
+      {R"({"optimizer":{"name":"adamw","eps":-1}})", "'optimizer.eps': must be a finite number >= 0"},
+      {R"({"optimizer":{"name":"adamw","beta1":1.0}})", "'optimizer.beta1': must be in [0, 1)"},
+      {R"({"optimizer":{"name":"adamw","beta2":2}})", "'optimizer.beta2': must be in [0, 1)"},
+      {R"({"optimizer":{"name":"sgd","momentum":-5}})", "'optimizer.momentum': must be a finite number >= 0"},
+      {R"({"optimizer":{"weight_decay":-0.1}})", "'optimizer.weight_decay': must be a finite number >= 0"},
+      {R"({"optimizer":{"lr":-1}})", "'optimizer.lr': must be a finite number >= 0"}};
+  for (const auto& [text, want] : cases) {
+    const std::string e = spec_error(text);
+    EXPECT_NE(e.find(want), std::string::npos) << text << "\n" << e;
+  }
+  EXPECT_EQ(spec_error(R"({"optimizer":{"name":"adamw","beta1":0,"beta2":0.999,"eps":0,"momentum":0.9}})"),
+            "(no error)");
+}
+
+// Issue 36 item 7: a record of a rank the run did not start (rank2.json in a world-2 run) and a
+// schema-2 update listing more shard files than ranks (5,000 extra empty files) were accepted.
+TEST(StrictArtifacts, StrayRankRecordsAndExtraShardFilesAreRefused) {
+  RunFolder f("stray_rank");
+  ASSERT_EQ(f.read_error(), "(no error)");
+  std::filesystem::copy_file(f.dir + "/rank1.json", f.dir + "/rank2.json");
+  const std::string e = f.read_error();
+  EXPECT_NE(e.find("rank2.json: a record of rank 2, but the run's world is 2 (ranks 0..1)"), std::string::npos) << e;
+
+  RunFolder g("extra_shards");
+  const std::string e2 = g.error_after_edit("manifest.json", [](nlohmann::json& j) {
+    j["schema"] = "gradcert.artifacts/2";
+    for (auto& u : j["updates"]) {
+      nlohmann::json files = nlohmann::json::array();
+      for (int k = 0; k < 5002; ++k)
+        files.push_back("u" + std::to_string(u["update"].get<int>()) + ".extra" + std::to_string(k) + ".safetensors");
+      u["grads"] = u["params"] = files;
+    }
+  });
+  EXPECT_NE(e2.find("field 'grads' lists 5002 shard files for 2 ranks (at most one per rank): "
+                    "\"u0.extra2.safetensors\" is one too many"),
+            std::string::npos)
+      << e2;
 }

@@ -167,6 +167,10 @@ std::vector<ManifestEntry> parse_manifest_json(const std::string& text, const st
       if (!list.is_array() || list.empty())
         f.fail(std::string("field '") + key + "' must be a non-empty array of shard file names (schema 2), got " +
                json_excerpt(list));
+      if (list.size() > static_cast<size_t>(world))  // a rank writes one shard file per kind
+        f.fail(std::string("field '") + key + "' lists " + std::to_string(list.size()) + " shard files for " +
+               std::to_string(world) + " ranks (at most one per rank): " + json_excerpt(list[world]) +
+               " is one too many");
       std::set<std::string> seen;
       for (const json& v : list) {
         if (!v.is_string()) f.fail(std::string("field '") + key + "' holds a non-string: " + json_excerpt(v));
@@ -457,6 +461,25 @@ TensorMap artifact_shapes(const std::string& dir) {
   return out;
 }
 
+// A record <prefix>rank<g>.json of a rank the run did not have (g >= world): the run folder is
+// emptied at the start of every run, so this run's stack wrote it from a world that is not the run's.
+static void refuse_stray_rank_records(const std::string& dir, const std::string& prefix, int world) {
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    const std::string head = prefix + "rank", tail = ".json";
+    if (name.size() <= head.size() + tail.size() || name.compare(0, head.size(), head) != 0 ||
+        name.compare(name.size() - tail.size(), tail.size(), tail) != 0)
+      continue;
+    const std::string digits = name.substr(head.size(), name.size() - head.size() - tail.size());
+    if (digits.find_first_not_of("0123456789") != std::string::npos) continue;
+    if (digits.size() > 9 || std::stoi(digits) >= world)
+      throw ArtifactError(dir + "/" + name + ": a record of rank " + digits + ", but the run's world is " +
+                          std::to_string(world) + " (ranks 0.." + std::to_string(world - 1) +
+                          "): the stack ran more ranks than the run started");
+  }
+}
+
 std::map<int, TensorMap> read_placed(const std::string& dir, const std::vector<std::string>& files,
                                      const std::map<std::string, TensorExpectation>& expect, const std::string& what) {
   std::map<int, TensorMap> out;
@@ -518,62 +541,13 @@ std::vector<BackendUpdate> read_run(const std::string& dir, const Plan& plan, in
         bu.other_replicas.push_back(std::move(c));
       }
   }
+  refuse_stray_rank_records(dir, leg.prefix, world);
   for (int r = 0; r < world; ++r) {
     const std::string rpath = dir + "/" + leg.prefix + "rank" + std::to_string(r) + ".json";
     auto records = parse_rank_record_json(read_text_file(rpath), rpath, plan, r, nonce, leg.first, leg.count);
     for (size_t u = 0; u < records.size(); ++u) run[u].ranks.push_back(std::move(records[u]));
   }
   return run;
-}
-
-void write_rank_memory(const std::string& dir, const RankMemory& m) {
-  json peaks = json::array();
-  for (const auto& p : m.peaks)
-    peaks.push_back({{"bucket", p.bucket},
-                     {"phase", p.phase},
-                     {"device", p.device},
-                     {"peak_bytes", p.peak_bytes},
-                     {"current_bytes", p.current_bytes},
-                     {"seconds", p.seconds},
-                     {"process_high_water_bytes", p.process_high_water_bytes}});
-  json j = {{"schema", "gradcert.memory/1"},
-            {"rank", m.rank},
-            {"model_state_bytes", m.model_state_bytes},
-            {"model_state_tensors", m.model_state_tensors},
-            {"checkpoint_bytes", m.checkpoint_bytes},
-            {"process_high_water_bytes", m.process_high_water_bytes},
-            {"peaks", peaks}};
-  write_file_atomic(dir + "/rank" + std::to_string(m.rank) + ".memory.json", j.dump(1));
-}
-
-RankMemory read_rank_memory(const std::string& dir, int rank) {
-  const std::string path = dir + "/rank" + std::to_string(rank) + ".memory.json";
-  const json j = parse_artifact_json(read_text_file(path), path);
-  const Fields f{j, path};
-  f.schema("gradcert.memory/1");
-  RankMemory m;
-  m.rank = static_cast<int>(f.integer("rank"));
-  if (m.rank != rank) f.fail("rank " + std::to_string(m.rank) + ", expected " + std::to_string(rank));
-  m.model_state_bytes = f.integer("model_state_bytes", -1, INT64_MAX);
-  m.model_state_tensors = f.integer("model_state_tensors", 0, INT64_MAX);
-  m.checkpoint_bytes = f.integer("checkpoint_bytes", 0, INT64_MAX);
-  m.process_high_water_bytes = f.integer("process_high_water_bytes", -1, INT64_MAX);
-  const json& peaks = f.at("peaks");
-  if (!peaks.is_array()) f.fail("field 'peaks' is not an array");
-  for (size_t i = 0; i < peaks.size(); ++i) {
-    const Fields pf{peaks[i], path + ": peaks[" + std::to_string(i) + "]"};
-    PhasePeak p;
-    p.rank = rank;
-    p.bucket = pf.string("bucket");
-    p.phase = pf.string("phase");
-    p.device = pf.string("device");
-    p.peak_bytes = pf.integer("peak_bytes", INT64_MIN, INT64_MAX);
-    p.current_bytes = pf.integer("current_bytes", INT64_MIN, INT64_MAX);
-    p.seconds = pf.number("seconds");
-    p.process_high_water_bytes = pf.integer("process_high_water_bytes", INT64_MIN, INT64_MAX);
-    m.peaks.push_back(p);
-  }
-  return m;
 }
 
 }  // namespace gradcert

@@ -16,6 +16,7 @@
 #include "conformance/core/files.hpp"
 #include "conformance/core/format.hpp"
 #include "conformance/memory/memory.hpp"
+#include "conformance/protocol/digests.hpp"
 #include "conformance/protocol/run_folder.hpp"
 #include "conformance/protocol/safetensors.hpp"
 
@@ -253,6 +254,12 @@ LaunchedRunPtr launch_run(const RunPlan& run, bool early_reference) {
   }
   if (!launched.ok) launched.message = source->failure(launched.message);
   source.reset();  // the store of the built-in ranks' last leg
+  try {
+    write_digests(req.run_dir, nonce);  // NOTE [artifact digests]
+  } catch (const std::exception& e) {
+    if (launched.ok) launched.message = std::string("the run ended, but its artifacts' digests: ") + e.what();
+    launched.ok = false;
+  }
   LaunchedRunPtr out(
       new LaunchedRun{run, std::move(report), nonce, std::move(launched), std::move(incomplete), std::move(early), 0});
   out->launch_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -300,6 +307,7 @@ CheckedRun check_run(const CheckRequest& c) {
     if (run_folder_nonce(dir) != rec.nonce)
       throw ArtifactError(dir + "/" + kRunRecordFile + ": field 'nonce' is not the run folder's (" + marker +
                           "): a run.json from another run?");
+  verify_digests(dir, rec.nonce);  // NOTE [artifact digests]
   RunRequest req;
   const std::string spec_path = c.spec_path.empty() ? dir + "/spec.json" : c.spec_path;
   try {

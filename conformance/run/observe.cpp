@@ -1,4 +1,5 @@
 // `gradcert observe`: run the job, find out what it recorded, certify it (observe.hpp).
+#include "conformance/protocol/digests.hpp"
 #include "conformance/run/observe.hpp"
 
 #include "conformance/protocol/variables.hpp"
@@ -219,7 +220,10 @@ std::string observe_command(const ObserveRequest& req) {
 RunReport observe_job(const ObserveRequest& req, RunPlan* run) {
   if (req.argv.empty())
     throw std::invalid_argument("gradcert observe: no command after `--` (e.g. -- torchrun ... train.py)");
-  if (req.updates < 1) throw std::invalid_argument("--updates: must be >= 1, got " + std::to_string(req.updates));
+  if (req.updates < 1 || req.updates > kMaxObservedUpdates)
+    throw std::invalid_argument("--updates: must be in [1, " + std::to_string(kMaxObservedUpdates) + "], got " +
+                                std::to_string(req.updates) +
+                                " (every observed update is a file of the job's tensors)");
   if (req.expect_batch < 0)
     throw std::invalid_argument("--expect-batch: must be >= 1, got " + std::to_string(req.expect_batch));
   const auto t0 = std::chrono::steady_clock::now();
@@ -232,7 +236,13 @@ RunReport observe_job(const ObserveRequest& req, RunPlan* run) {
   write_observe_record(req, nonce);                   // NOTE [observe record]
   // The job's own launch command under the recorder's variables (NOTE [run sources]).
   const auto source = observed_job(req.argv, dir, req.updates, req.keep_dropout, req.device, req.timeout_s);
-  const LaunchResult launched = launch(source->leg(0, nonce));
+  LaunchResult launched = launch(source->leg(0, nonce));
+  try {
+    write_digests(dir, nonce);  // the job's records as it left them (NOTE [artifact digests])
+  } catch (const std::exception& e) {
+    launched.message = std::string("the job ended, but its records' digests: ") + e.what();
+    launched.ok = false;
+  }
   report.interrupted = launched.interrupted;
   report.reproduce = observe_command(req);
   auto finish = [&](RunReport& r) -> RunReport {
@@ -296,6 +306,7 @@ CheckedRun check_observed(const CheckRequest& c) {
   if (run_folder_nonce(c.run_dir) != nonce)
     throw ArtifactError(c.run_dir + "/observe.json: field 'nonce' is not the run folder's: an observe.json from "
                                     "another run?");
+  verify_digests(c.run_dir, nonce);  // NOTE [artifact digests]
   const ObservedJob job = read_observed_job(c.run_dir, nonce);
   std::error_code ec;
   fs::create_directories(c.work_dir, ec);

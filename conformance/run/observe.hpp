@@ -14,6 +14,9 @@
 
 namespace gradcert {
 
+/// The most updates one observe run certifies (each is a record and the job's tensors on disk).
+constexpr int kMaxObservedUpdates = 10000;
+
 /// One observed job.
 struct ObserveRequest {
   std::vector<std::string> argv;  ///< the job's command, run verbatim (e.g. torchrun ... train.py --flags)

@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "conformance/protocol/digests.hpp"
 #include "conformance/protocol/run_folder.hpp"
 #include "conformance/protocol/safetensors.hpp"
 #include "conformance/run/harness.hpp"
@@ -165,6 +166,9 @@ TEST(ConformanceCheck, TamperedOrIncompleteFoldersAreNamed) {
   HostTensor& t = grads.rbegin()->second;
   for (double& v : t.held) v *= 1.001;
   write_safetensors(scaled + "/u1.grads.safetensors", grads, {{"update", "1"}});
+  // Unless its digests are taken again, the changed file is refused as such (NOTE [artifact
+  // digests]; CheckedFolderRefusesAnyFlippedBit); with them, the checks themselves must catch it.
+  write_digests(scaled, run_folder_nonce(scaled));
   const RunReport bad = check_folder(scaled);
   ASSERT_TRUE(bad.error.empty()) << bad.error;
   const CheckResult* g = nullptr;
@@ -196,6 +200,8 @@ TEST(ConformanceCheck, TamperedOrIncompleteFoldersAreNamed) {
     plan["windows"][1]["ids"][0] = 999;
     std::ofstream(plan_edit + "/plan.json", std::ios::trunc) << plan.dump(1);
   }
+  for (const std::string& dir : {partial, other, no_memory, plan_edit})  // the checks' own defences
+    write_digests(dir, run_folder_nonce(dir));
   for (const auto& [dir, says] : std::vector<std::pair<std::string, std::string>>{
            {partial, partial + "/rank1.json: "},
            {other, other + "/manifest.json: nonce \"" + std::string(32, '0') + "\" is not this run's"},
@@ -206,6 +212,53 @@ TEST(ConformanceCheck, TamperedOrIncompleteFoldersAreNamed) {
     EXPECT_EQ(c.code, 2) << c.out;
     EXPECT_NE(c.out.find(says), std::string::npos) << "expected: " << says << "\n" << c.out;
   }
+}
+
+// Issue 36 item 6: `gradcert check` of an archived run refuses one flipped bit in any file the run
+// wrote, naming the file (the figure of a flipped low bit in a tensor moved by 1e-16 and passed).
+TEST(ConformanceCheck, CheckedFolderRefusesAnyFlippedBit) {
+  const std::string root = test::fresh_dir("gradcert_check", "bitflip");
+  RunRequest r = ddp_request(root + "/good");
+  ASSERT_TRUE(run_backend(r).passed());
+  const json listed = json::parse(slurp(r.run_dir + "/" + kDigestsFile))["files"];
+  ASSERT_GT(listed.size(), 10u);
+  for (const std::string must : {"manifest.json", "rank1.json", "u1.grads.safetensors", "u0.params.safetensors",
+                                 "spec.json", "run.json", "initial.safetensors"})
+    EXPECT_TRUE(listed.contains(must)) << must;
+  int refused = 0, flipped = 0;
+  for (auto it = listed.begin(); it != listed.end(); ++it) {
+    const std::string dir = root + "/flip";
+    fs::remove_all(dir);
+    fs::copy(r.run_dir, dir, fs::copy_options::recursive);
+    {
+      std::fstream f(dir + "/" + it.key(), std::ios::in | std::ios::out | std::ios::binary);
+      f.seekg(0, std::ios::end);
+      const auto at = static_cast<std::streamoff>(f.tellg()) - 1;  // a tensor's last byte: its low bits
+      if (at < 0) continue;                                        // an empty file has no bit to flip
+      ++flipped;
+      char c = 0;
+      f.seekg(at);
+      f.get(c);
+      f.seekp(at);
+      f.put(static_cast<char>(c ^ 0x01));
+    }
+    try {
+      check_run({dir, "", test::fresh_dir("gradcert_check", "flipwork")});
+      ADD_FAILURE() << it.key() << ": a flipped bit was not refused";
+    } catch (const ArtifactError& e) {
+      // run.json and the folder's marker are read for the nonce before the digests: a flip there
+      // is refused as a malformed file (still named); every other file by its digest.
+      const bool read_first = it.key() == "run.json" || it.key() == kRunFolderMarker;
+      const std::string says = dir + "/" + it.key() + (read_first ? ": " : ": its bytes are not those the run wrote");
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+      ++refused;
+    }
+  }
+  EXPECT_EQ(refused, flipped);
+  EXPECT_GT(flipped, 10);
+  const auto c = test::run_cli("check " + root + "/flip --out " + root + "/flip_report");
+  EXPECT_EQ(c.code, 2) << c.out;
+  EXPECT_NE(c.out.find("its SHA-256 differs from digests.json"), std::string::npos) << c.out;
 }
 
 // (4) A run whose rank was killed left no manifest: its folder is exit 2 naming it.

@@ -6,6 +6,7 @@
 #include "conformance/core/accounting.hpp"
 #include "conformance/core/dataset.hpp"
 #include "conformance/core/plan.hpp"
+#include "conformance/core/sha256.hpp"
 #include "conformance/core/spec.hpp"
 
 using namespace gradcert;
@@ -228,4 +229,17 @@ TEST(Plan, UpdatesSpanEpochsWithFreshOrder) {
   ASSERT_EQ(p.windows.size(), 6u);
   EXPECT_EQ(p.windows[3].epoch, 1);
   EXPECT_NE(p.windows[3].ids, p.windows[0].ids) << "each epoch has its own permutation";
+}
+
+// The artifacts' digests (NOTE [artifact digests]) are SHA-256: FIPS 180-4's test vectors, and a
+// message fed in pieces across the 64-byte blocks.
+TEST(Sha256, KnownVectors) {
+  EXPECT_EQ(sha256_hex(""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  EXPECT_EQ(sha256_hex("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  EXPECT_EQ(sha256_hex("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"),
+            "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+  Sha256 pieces;
+  const std::string a(1000, 'a');
+  for (int i = 0; i < 1000; ++i) pieces.update(a.data(), a.size());
+  EXPECT_EQ(pieces.hex(), "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
 }

@@ -165,23 +165,17 @@ void optimizer_ranges(const OptimizerSpec& o) {
 
 // NOTE [spec limits] Sizes are bounded before anything is allocated, each error naming the field,
 // its value, the limit and the memory it would take: the plan holds every example of the dataset
-// and every update's D x A microbatch slots, the built-in model every parameter (weights,
-// gradient and two optimizer slots in float64 per rank), and gradcert starts every rank itself.
+// and every update's D x A microbatch slots, and gradcert starts every rank itself. (The built-in
+// model's size is held to this machine's memory where the run is planned: NOTE [oversized specs].)
 constexpr int64_t kMaxDatasetSize = 1'000'000, kMaxUpdates = 1'000'000, kMaxBatch = 1'000'000;
-constexpr int64_t kMaxSlots = 10'000'000, kMaxParameters = 100'000'000;
-constexpr int64_t kSlotBytes = 64, kParameterBytes = 32;
+constexpr int64_t kMaxSlots = 10'000'000;
+constexpr int64_t kSlotBytes = 64;
 
 void at_most(double v, int64_t limit, const std::string& f, const std::string& what, double bytes_each) {
   if (v <= static_cast<double>(limit)) return;
   throw SpecError(f, sci(v) + " exceeds the limit " + sci(static_cast<double>(limit)) + " (" + what +
                          (bytes_each > 0 ? ": it would need about " + human_bytes(v * bytes_each) : std::string()) +
                          ")");
-}
-
-// The built-in model's parameters (embeddings, blocks, head), as conformance/model/model.cpp makes them.
-double builtin_parameters(const ModelSpec& m) {
-  const double d = m.d_model, ff = m.d_ff;
-  return 2.0 * m.vocab * d + double(m.max_len) * d + m.layers * (4 * d * d + 2 * d * ff + ff + 9 * d) + 2 * d;
 }
 
 void spec_limits(const Spec& s) {
@@ -199,9 +193,6 @@ void spec_limits(const Spec& s) {
   const double windows = s.updates > 0 ? s.updates : std::ceil(std::max(s.dataset.size, 1) / batch);
   at_most(windows * t.dp * s.batch.accum, kMaxSlots, s.updates > 0 ? "updates" : "batch.accum",
           "the plan's microbatch slots: windows x D x A", kSlotBytes);
-  if (s.model.factory.empty())
-    at_most(builtin_parameters(s.model), kMaxParameters, "model.d_model",
-            "the built-in model's parameters from model.vocab, d_model, d_ff, layers and max_len", kParameterBytes);
 }
 
 }  // namespace

@@ -153,16 +153,17 @@ TEST(ConformanceHardeningTp, TpOfOneWithDataParallelPassesTheLowerBound) {
   EXPECT_TRUE(rep.passed()) << test::failures(rep);
 }
 
-// (6) --tp -2 read as unset, --world 0 / -2 became 1: every given count must be >= 1 (exit 2).
+// (6) --tp -2 read as unset, --world 0 / -2 became 1: every given count must be in [1, 4096] (exit 2;
+// 4096 ranks at most: NOTE [spec limits]).
 TEST(HardeningCli, CountsBelowOneAreRefusedNamingTheOption) {
   const std::string out = test::fresh_dir("gradcert_cli_counts", "out");
   for (const auto& [args, message] : std::vector<std::pair<std::string, std::string>>{
-           {"run --backend ddp --world 0", "gradcert: --world: must be >= 1, got 0"},
-           {"run --backend ddp --world -2", "gradcert: --world: must be >= 1, got -2"},
-           {"run --backend tp --world 2 --tp -2", "gradcert: --tp: must be >= 1, got -2"},
-           {"run --backend pp --world 2 --pp 0", "gradcert: --pp: must be >= 1, got 0"},
-           {"plan --world 0", "gradcert: --world: must be >= 1, got 0"},
-           {"audit --before ddp --after ddp --world -1", "gradcert: --world: must be >= 1, got -1"},
+           {"run --backend ddp --world 0", "gradcert: --world: must be in [1, 4096], got 0"},
+           {"run --backend ddp --world -2", "gradcert: --world: must be in [1, 4096], got -2"},
+           {"run --backend tp --world 2 --tp -2", "gradcert: --tp: must be in [1, 4096], got -2"},
+           {"run --backend pp --world 2 --pp 0", "gradcert: --pp: must be in [1, 4096], got 0"},
+           {"plan --world 0", "gradcert: --world: must be in [1, 4096], got 0"},
+           {"audit --before ddp --after ddp --world -1", "gradcert: --world: must be in [1, 4096], got -1"},
            {"estimate --params 1e6 --world 0", "gradcert estimate: --world: must be >= 1, got 0"},
        }) {
     const bool has_out = args.rfind("run ", 0) == 0 || args.rfind("audit ", 0) == 0;

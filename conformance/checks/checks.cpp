@@ -519,6 +519,7 @@ std::vector<CheckResult> run_checks(const CheckInput& input) {
   std::vector<CheckResult> out;
   for (const auto& e : check_table())
     if (e.applies(input)) out.push_back(e.run(input));
+  if (auto finite = check_finite(input, out)) out.insert(out.begin(), *finite);  // NOTE [non-finite values]
   return out;
 }
 

@@ -1,5 +1,6 @@
 // Checks: pure functions of (plan, reference, artifacts) -> verdict with a figure.
 #pragma once
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -115,6 +116,15 @@ std::vector<CheckResult> run_checks(const CheckInput& input);
 /// The ids of the checks that apply to a run with (`with_memory`) or without memory evidence,
 /// and with (harness runs) or without the dataset's per-example target counts.
 std::vector<std::string> check_ids(bool with_memory, bool with_target_counts = true);
+
+/// NOTE [non-finite values] A NaN or infinite loss, loss sum, gradient or parameter is a training
+/// finding, not a malformed record: the protocol writes a non-finite loss or loss sum as the
+/// string "nan", "inf" or "-inf" (JSON has no NaN), and train.finite (listed only in a run where
+/// one is found, first in the report) fails naming the first: its update, the rank (a loss sum)
+/// or the tensor and its element, how many there are, and whether the reference went non-finite
+/// there too (the spec's own training diverges) or the stack alone did. Tensors are scanned when a
+/// check's figure is non-finite (every non-finite tensor value makes its parity figure so).
+std::optional<CheckResult> check_finite(const CheckInput& input, const std::vector<CheckResult>& judged);
 
 /// Every check above, in report order (no memory evidence).
 std::vector<CheckResult> run_checks(const Plan& plan, int64_t dataset_size, const std::vector<ReferenceUpdate>& ref,

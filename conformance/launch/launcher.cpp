@@ -4,6 +4,7 @@
 
 #include "conformance/launch/rank_group.hpp"
 #include "conformance/launch/zygote.hpp"
+#include "conformance/core/files.hpp"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -34,6 +35,8 @@
 #include <system_error>
 #include <thread>
 #include <utility>
+
+#include <nlohmann/json.hpp>
 
 extern char** environ;
 
@@ -138,6 +141,31 @@ std::string start_ranks(RankSetup& s, Group& g) {
   return "";
 }
 
+// NOTE [rank handles] Once every rank has started, <log_dir>/ranks.json names each rank's pid and
+// log and the ranks' process group, so that a tool outside gradcert can find a rank to stop, kill
+// or trace (its output reaches its log through gradcert's pipe, NOTE [log cap], so no tool finds
+// it by an open file). The local launcher only: under mpirun the ranks are mpirun's children.
+// Best effort: a launch does not fail for it (a full disk is found by what the ranks write).
+void write_rank_handles(const LaunchRequest& req, const Group& g, const RankSetup& s) {
+  nlohmann::json ranks = nlohmann::json::array();
+  for (size_t r = 0; r < g.pids.size(); ++r) ranks.push_back({{"rank", r}, {"pid", g.pids[r]}, {"log", s.logs[r]}});
+  try {
+    write_file_atomic(req.log_dir + "/ranks.json",
+                      nlohmann::json{{"schema", "gradcert.ranks/1"}, {"pgid", g.pgid}, {"ranks", ranks}}.dump(1));
+  } catch (const std::exception&) {}
+}
+
+// The rank that hit the full disk need not be the rank blamed (NOTE [disk full], continued: its
+// peer's "Connection reset" may be reaped first); its log's tail joins the message ("" : none).
+std::string full_disk_tail(const std::string& message, const RankSetup& s, const Logs& capped) {
+  constexpr const char* kFull = "No space left on device";
+  if (message.find(kFull) != std::string::npos) return "";
+  for (size_t r = 0; r < s.logs.size(); ++r)
+    if (const CappedLog* l = capped.find(s.logs[r]); l && l->recent.find(kFull) != std::string::npos)
+      return tail_section("rank " + std::to_string(r) + " (it hit a full disk)", s.logs[r], capped);
+  return "";
+}
+
 // How the ranks ended, as the poll loop saw it.
 struct Watched {
   bool interrupted = false, timed_out = false;
@@ -226,6 +254,7 @@ LaunchResult launch_local(const LaunchRequest& req) {
     return res;
   }
   setup.close_fds();
+  write_rank_handles(req, g, setup);  // NOTE [rank handles]
   const Watched w = watch_ranks(g, world, start + req.timeout);
   if (w.interrupted) return interrupted_result(g, capped, "");
   const auto [cause_rank, cause_text] = first_cause(g, w.left_at);
@@ -251,6 +280,7 @@ LaunchResult launch_local(const LaunchRequest& req) {
     if (!stopped.empty()) res.message += "; " + join_ranks(stopped) + " still running (stopped by the launcher)";
     res.message += leftovers_text(leftovers);
     res.message += tail_section("rank " + std::to_string(w.failed_rank), setup.logs[w.failed_rank], capped);
+    res.message += full_disk_tail(res.message, setup, capped);
     return res;
   }
   kill_descendants();

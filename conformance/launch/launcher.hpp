@@ -73,6 +73,15 @@ int interrupt_signal();
 /// "SIGTERM", "SIGKILL", ... (strsignal's text for others).
 std::string signal_text(int sig);
 
+/// NOTE [disk full] A rank (or a stack, or a job) that hits a full disk exits with its own error
+/// in its log, and its peers then fail in a collective ("Connection reset by peer"): the failure
+/// message below names the rank that ended first with its log's tail, where the cause may sit
+/// among other lines. When `message` holds a write that failed with ENOSPC (gradcert's writers:
+/// "PATH: cannot write: No space left on device"; Python: "[Errno 28] No space left on device:
+/// 'PATH'"), this returns it with a first line that says so, naming the file and its filesystem
+/// (mount point, free and total bytes now); else `message` as it is.
+std::string name_full_disk(const std::string& message);
+
 /// A TCP port on 127.0.0.1 that was free a moment ago (bind to port 0, read, close).
 int free_local_port();
 

@@ -1,6 +1,7 @@
 #include "conformance/protocol/artifacts.hpp"
 
 #include "conformance/core/files.hpp"
+#include "conformance/core/format.hpp"
 #include "conformance/core/strict_json.hpp"
 #include "conformance/protocol/fields.hpp"
 #include "conformance/protocol/safetensors.hpp"
@@ -22,7 +23,7 @@ void write_rank_record(const std::string& dir, int rank, int dp_rank, const std:
                        const std::string& nonce) {
   json ups = json::array();
   for (const auto& u : updates) {
-    ups.push_back({{"update", u.update}, {"consumed", u.consumed}, {"loss_sum", u.loss_sum}});
+    ups.push_back({{"update", u.update}, {"consumed", u.consumed}, {"loss_sum", json_number(u.loss_sum)}});
     if (u.valid_targets >= 0) ups.back()["valid_targets"] = u.valid_targets;
     if (!u.replicas.empty()) ups.back()["replicas"] = u.replicas;
   }
@@ -88,7 +89,7 @@ void write_manifest(const std::string& dir, const std::string& backend, int worl
   json ups = json::array();
   for (const auto& u : updates) {
     ups.push_back({{"update", u.update},
-                   {"loss", u.has_loss ? json(u.loss) : json(nullptr)},
+                   {"loss", u.has_loss ? json_number(u.loss) : json(nullptr)},
                    {"valid_targets", u.has_valid_targets ? json(u.valid_targets) : json(nullptr)},
                    {"step_seconds", u.step_seconds}});
     if (!shards) {
@@ -145,7 +146,7 @@ std::vector<ManifestEntry> parse_manifest_json(const std::string& text, const st
       f.fail("update index " + std::to_string(e.scalars.update) + ", expected " + std::to_string(first + u));
     // null: the stack exposes no such figure (NOTE [stack figures]); absent stays an error.
     e.scalars.has_loss = !f.null("loss");
-    if (e.scalars.has_loss) e.scalars.loss = f.number("loss");
+    if (e.scalars.has_loss) e.scalars.loss = f.measured("loss");
     e.scalars.has_valid_targets = !f.null("valid_targets");
     if (e.scalars.has_valid_targets) e.scalars.valid_targets = f.integer("valid_targets", 0, INT64_MAX);
     e.scalars.step_seconds = f.number("step_seconds");
@@ -203,7 +204,7 @@ std::vector<RankRecord> parse_rank_record_json(const std::string& text, const st
     if (f.integer("update") != first + static_cast<int64_t>(u))
       f.fail("field 'update' is " + json_excerpt(ups[u].at("update")) + ", expected " + std::to_string(first + u));
     RankRecord rr;
-    if (ups[u].contains("loss_sum")) rr.loss_sum = f.number("loss_sum"), rr.has_loss_sum = true;
+    if (ups[u].contains("loss_sum")) rr.loss_sum = f.measured("loss_sum"), rr.has_loss_sum = true;
     if (ups[u].contains("valid_targets")) rr.valid_targets = f.integer("valid_targets", 0, INT64_MAX);
     if (ups[u].contains("replicas")) {  // NOTE [replica digests]
       const json& reps = ups[u].at("replicas");

@@ -1,7 +1,9 @@
 // Typed, strict access to one JSON object's fields, for the readers of what ranks and jobs
 // write (artifacts.cpp, observed.cpp).
 #pragma once
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -37,6 +39,19 @@ struct Fields {
   double number(const char* key) const {
     const nlohmann::json& v = at(key);
     if (!v.is_number()) fail(std::string("field '") + key + "' must be a number, got " + json_excerpt(v));
+    return v.get<double>();
+  }
+  /// A loss or loss sum: a JSON number, or "nan", "inf", "-inf" for a non-finite one (NOTE
+  /// [non-finite values]: JSON has no NaN; a non-finite value is a training finding).
+  double measured(const char* key) const {
+    const nlohmann::json& v = at(key);
+    if (v.is_string()) {
+      const std::string s = v.get<std::string>();
+      if (s == "nan") return std::numeric_limits<double>::quiet_NaN();
+      if (s == "inf" || s == "-inf") return s == "inf" ? HUGE_VAL : -HUGE_VAL;
+    }
+    if (!v.is_number())
+      fail(std::string("field '") + key + "' must be a number (or \"nan\", \"inf\", \"-inf\"), got " + json_excerpt(v));
     return v.get<double>();
   }
   std::string string(const char* key) const {

@@ -163,7 +163,7 @@ ObservedUpdate read_observed_update(const std::string& dir, int rank, int update
     }
     o.microsteps.push_back(std::move(ms));
   }
-  o.loss_sum = top.number("loss_sum");
+  o.loss_sum = top.measured("loss_sum");
   o.step_seconds = top.number("step_seconds");
   if (j.contains("record_seconds")) o.record_seconds = top.number("record_seconds");
   if (!top.null("clip")) {

@@ -101,7 +101,7 @@ namespace {
 
 // A leg's records, kept under <leg>.* so the next leg writes its own (NOTE [resume]).
 void keep_leg(const std::string& dir, int world, const std::string& leg) {
-  std::vector<std::string> names = {"manifest.json"};
+  std::vector<std::string> names = {"manifest.json", "ranks.json"};
   for (int r = 0; r < world; ++r)
     for (const char* kind : {".json", ".log"}) names.push_back("rank" + std::to_string(r) + kind);
   for (const auto& n : names) {
@@ -273,7 +273,7 @@ RunReport check_launched(LaunchedRunPtr run) {
   RunReport& report = run->report;
   report.interrupted = launched.interrupted;
   if (!launched.ok) {
-    report.error = launched.message;  // as the run's source says it (NOTE [run sources])
+    report.error = name_full_disk(launched.message);  // NOTE [run sources], NOTE [disk full]
   } else if (!run->incomplete.empty()) {
     CheckResult c;
     c.id = "resume.checkpoint";

@@ -252,7 +252,7 @@ RunReport observe_job(const ObserveRequest& req, RunPlan* run) {
   };
   const std::string deaths = rank_deaths(dir);
   const std::string failed =
-      launched.ok ? "" : (deaths.empty() ? "" : deaths + "\n") + source->failure(launched.message);
+      launched.ok ? "" : name_full_disk((deaths.empty() ? "" : deaths + "\n") + source->failure(launched.message));
   if (const std::string errors = rank_errors(dir); !errors.empty()) {
     report.error = "the gradcert integration stopped the job: " + errors + (failed.empty() ? "" : "\n" + failed);
     return finish(report);

@@ -21,6 +21,7 @@
 #include <csignal>
 #include <filesystem>
 #include <iostream>
+#include <limits>
 #include <thread>
 #include <unistd.h>
 
@@ -77,6 +78,25 @@ void maybe_corrupt(const std::string& dir, int rank, int update, bool sharded) {
   const std::string path =
       dir + "/" + (sharded ? shard_file(update, rank, "grads") : "u" + std::to_string(update) + ".grads.safetensors");
   std::filesystem::resize_file(path, std::filesystem::file_size(path) - 8);
+}
+
+// GRADCERT_FAULT="nanloss:R:U": rank R reports a NaN loss sum for update U (and, rank 0, a NaN
+// loss); "nangrad:R:U": rank R's gradient of update U gets a NaN in the last element of its last
+// tensor (rank 0 of an unsharded run writes it): the non-finite findings (NOTE [non-finite values]).
+void maybe_poison(RankUpdate& u, int rank, int update) {
+  const char* f = std::getenv(vars::kFault);
+  char kind[16] = {0};
+  int r = -1, at = -1;
+  if (!f || std::sscanf(f, "%15[a-z]:%d:%d", kind, &r, &at) != 3 || r != rank || at != update) return;
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  if (std::string(kind) == "nanloss") {
+    u.record.loss_sum = nan;
+    if (rank == 0) u.loss = nan;
+  } else if (std::string(kind) == "nangrad" && !u.grads.empty()) {
+    HostTensor& t = u.grads.rbegin()->second;
+    t.hold();
+    if (!t.held.empty()) t.held.back() = nan;
+  }
 }
 
 // The windows a resumed leg consumes from update `first` on: the plan's, from the sampler
@@ -202,6 +222,7 @@ UpdatesRun run_updates(const WorkerArgs& args, RankContext& ctx, Backend& backen
     clock.start();
     RankUpdate u = backend.run_update(ctx, w.update);
     const double secs = clock.seconds(ctx.untimed_seconds);
+    maybe_poison(u, ctx.rank, w.update);
     {
       UntimedScope untimed(ctx);  // NOTE [replica digests]: outside the timed step
       if (strategy_info(args.backend).no_replica_digests.empty())

@@ -271,6 +271,31 @@ TEST(ConformanceHardeningBlame, RankThatLeavesOrStopsIsNamed) {
   }
 }
 
+// Issue 36 item 4: a rank whose loss sum is NaN was "a malformed rank record" (bad artifacts);
+// a NaN in a gradient only a NaN figure. Both are now train.finite failures naming where.
+TEST(ConformanceHardeningNonFinite, NanLossOrGradientIsATrainingFinding) {
+  for (const auto& [fault, says] : std::vector<std::pair<std::string, std::string>>{
+           {"nanloss:1:1", "first non-finite value: update 1, rank 1: loss_sum nan"},
+           {"nangrad:0:2", "first non-finite value: update 2: the gradient of "}}) {
+    RunRequest r;
+    r.backend = "ddp";
+    r.world = 2;
+    r.exe = GRADCERT_EXE;
+    r.run_dir = test::fresh_dir("gradcert_nonfinite", fault.substr(0, fault.find(':')));
+    ::setenv("GRADCERT_FAULT", fault.c_str(), 1);
+    const RunReport rep = run_backend(r);
+    ::unsetenv("GRADCERT_FAULT");
+    ASSERT_TRUE(rep.error.empty()) << fault << ": " << rep.error;
+    ASSERT_FALSE(rep.checks.empty());
+    const CheckResult& c = rep.checks.front();
+    EXPECT_EQ(c.id, "train.finite") << fault;
+    EXPECT_EQ(c.verdict, Verdict::Fail) << fault;
+    EXPECT_NE(c.detail.find(says), std::string::npos) << fault << ": " << c.detail;
+    EXPECT_NE(c.detail.find("the stack computed it"), std::string::npos) << fault << ": " << c.detail;
+    EXPECT_FALSE(rep.passed());
+  }
+}
+
 namespace {
 
 bool process_alive(pid_t pid) {

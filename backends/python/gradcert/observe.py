@@ -458,7 +458,7 @@ class Observer:
                 client.write_tensors(os.path.join(self.out, files["grads"]), self._grads, dtype, u)
                 client.write_tensors(os.path.join(self.out, files["params"]), params, dtype, u)
         rec = {"schema": SCHEMA_RANK, "rank": self.rank, "world": self.world, "nonce": self.nonce, "update": u,
-               "microsteps": self.micro, "loss_sum": self.S, "step_seconds": step_seconds, "clip": self.clip,
+               "microsteps": self.micro, "loss_sum": client.measured(self.S), "step_seconds": step_seconds, "clip": self.clip,
                "grads": files["grads"], "params": files["params"]}
         if not self.sharded and self.fsdp1 is None and self.engine is None and self.world > 1:
             rec["replicas"] = client.replica_digests(params.items())

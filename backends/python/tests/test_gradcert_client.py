@@ -67,6 +67,11 @@ class ClientTest(unittest.TestCase):
                 rec.pop()
             rec.remove()
 
+    def test_non_finite_losses_are_written_as_strings(self):
+        # JSON has no NaN (NOTE [non-finite values]): Python writes an invalid `NaN` token.
+        self.assertEqual([client.measured(x) for x in (1.5, float("nan"), float("inf"), -float("inf"), None)],
+                         [1.5, "nan", "inf", "-inf", None])
+
     def test_hand_optimizer_is_torchs_rule(self):
         # The test bed's HandOptimizer steps through the reference's optimizer_step: three steps of
         # SGD with momentum and decay, and of AdamW, agree with torch.optim at float64 round-off.

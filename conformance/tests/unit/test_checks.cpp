@@ -102,6 +102,37 @@ TEST(Checks, NanGradientFails) {
   EXPECT_TRUE(std::isnan(c.figure));
 }
 
+// Issue 36 item 4 (NOTE [non-finite values]): a NaN loss sum was "a malformed rank record"; now
+// train.finite, first in the report, names the update, the rank or the tensor and its element,
+// and says whether the reference diverged too. A finite run has no such check (the test above).
+TEST(Checks, NonFiniteValuesAreATrainingFinding) {
+  Fixture f;
+  f.run[1].ranks[1].has_loss_sum = true;
+  f.run[1].ranks[1].loss_sum = std::nan("");
+  f.run[2].grads["a.weight"].held[2] = HUGE_VAL;
+  const auto all = f.checks();
+  ASSERT_FALSE(all.empty());
+  EXPECT_EQ(all.front().id, "train.finite");
+  EXPECT_EQ(all.front().verdict, Verdict::Fail);
+  EXPECT_EQ(all.front().figure, 2);
+  EXPECT_NE(all.front().detail.find("first non-finite value: update 1, rank 1: loss_sum nan; 2 in all; the "
+                                    "reference's is finite there: the stack computed it"),
+            std::string::npos)
+      << all.front().detail;
+
+  Fixture g;
+  g.run[0].grads["a.weight"].held[1] = std::nan("");
+  EXPECT_NE(g.check("train.finite").detail.find("update 0: the gradient of a.weight is nan at [1] (1 of 3 elements)"),
+            std::string::npos)
+      << g.check("train.finite").detail;
+
+  Fixture h;  // the spec's own training diverges: the reference's loss is not finite either
+  h.ref[1].loss = h.run[1].loss = HUGE_VAL;
+  EXPECT_NE(h.check("train.finite").detail.find("the reference's loss there is inf too: the spec's own training"),
+            std::string::npos)
+      << h.check("train.finite").detail;
+}
+
 TEST(Checks, MissingOrMisshapenTensorFails) {
   Fixture f;
   f.run[0].grads.erase("b.bias");

@@ -19,6 +19,8 @@
 #include <stdexcept>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 namespace gradcert {
 namespace {
 
@@ -95,6 +97,44 @@ TEST(Launcher, AllRanksExitZero) {
     std::string log = slurp(req.log_dir + "/rank" + std::to_string(r) + ".log");
     EXPECT_TRUE(contains(log, "rank=" + std::to_string(r) + " world=3 extra=hello")) << log;
   }
+}
+
+// Issue 36 item 8 (NOTE [rank handles]): ranks.json names each running rank's pid and log, so a
+// tool outside gradcert finds a rank to stop or kill; each rank here reads it and finds its own pid.
+TEST(Launcher, RanksJsonNamesEachRanksPidAndLog) {
+  auto req = sh_request(2,
+                        "i=0; while [ ! -s \"$LOGDIR/ranks.json\" ] && [ $i -lt 200 ]; do sleep 0.02; i=$((i+1)); "
+                        "done; echo pid=$$; cat \"$LOGDIR/ranks.json\"",
+                        "handles");
+  req.env["LOGDIR"] = req.log_dir;
+  LaunchResult res = launch(req);
+  ASSERT_TRUE(res.ok) << res.message;
+  const auto j = nlohmann::json::parse(slurp(req.log_dir + "/ranks.json"));
+  EXPECT_EQ(j["schema"], "gradcert.ranks/1");
+  ASSERT_EQ(j["ranks"].size(), 2u);
+  for (int r = 0; r < 2; ++r) {
+    const std::string log = slurp(req.log_dir + "/rank" + std::to_string(r) + ".log");
+    EXPECT_TRUE(contains(log, "pid=" + std::to_string(j["ranks"][r]["pid"].get<int>()) + "\n")) << log;
+    EXPECT_EQ(j["ranks"][r]["log"], req.log_dir + "/rank" + std::to_string(r) + ".log");
+  }
+  EXPECT_EQ(j["pgid"], j["ranks"][0]["pid"]);  // rank 0 leads the ranks' process group
+}
+
+// A failure message (NOTE [disk full]) holding a write that failed with ENOSPC gets a first line
+// naming it, the file and its filesystem (gradcert's writers and Python's OSError alike).
+TEST(Launcher, AFullDiskIsNamedFirst) {
+  const std::string ours = "rank 0 exited with code 2\n--- rank 0 log tail ---\ngradcert rank 0: error: "
+                           "/tmp/nowhere/u2.params.safetensors.tmp.31: cannot write: No space left on device";
+  const std::string a = name_full_disk(ours);
+  EXPECT_EQ(
+      a.rfind("the disk is full (ENOSPC): writing /tmp/nowhere/u2.params.safetensors.tmp.31 failed on filesystem /", 0),
+      0u)
+      << a;
+  EXPECT_NE(a.find(" free of "), std::string::npos) << a;
+  EXPECT_NE(a.find("\n" + ours), std::string::npos) << a;
+  const std::string b = name_full_disk("OSError: [Errno 28] No space left on device: '/tmp/nowhere/rank1.json'");
+  EXPECT_EQ(b.rfind("the disk is full (ENOSPC): writing /tmp/nowhere/rank1.json failed on filesystem /", 0), 0u) << b;
+  EXPECT_EQ(name_full_disk("rank 1 exited with code 3"), "rank 1 exited with code 3");
 }
 
 TEST(Launcher, KilledRankStopsTheOthers) {

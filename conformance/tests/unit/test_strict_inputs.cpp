@@ -203,8 +203,9 @@ TEST(StrictArtifacts, FloatOrBooleanIntegersAreRefused) {
   }
   {
     RunFolder f("bool_loss");
-    EXPECT_EQ(f.error_after_edit("manifest.json", [](nlohmann::json& j) { j["updates"][0]["loss"] = false; }),
-              f.dir + "/manifest.json updates[0]: field 'loss' must be a number, got false");
+    EXPECT_EQ(
+        f.error_after_edit("manifest.json", [](nlohmann::json& j) { j["updates"][0]["loss"] = false; }),
+        f.dir + "/manifest.json updates[0]: field 'loss' must be a number (or \"nan\", \"inf\", \"-inf\"), got false");
   }
 }
 
@@ -336,4 +337,27 @@ TEST(StrictArtifacts, StrayRankRecordsAndExtraShardFilesAreRefused) {
                     "\"u0.extra2.safetensors\" is one too many"),
             std::string::npos)
       << e2;
+}
+
+// Issue 36 item 4: a non-finite loss sum or loss is written "nan" / "inf" / "-inf" (NOTE
+// [non-finite values]) and read as the value, for train.finite to judge; anything else is refused.
+TEST(StrictArtifacts, NonFiniteLossesAreReadAsValues) {
+  RunFolder f("nonfinite");
+  std::vector<RankUpdateRecord> recs;
+  for (const auto& w : f.plan.windows) {
+    RankUpdateRecord r;
+    r.update = w.update;
+    for (const auto& mb : w.slots[f.plan.dp_rank_of(1)]) r.consumed.push_back(mb.ids);
+    r.loss_sum = w.update == 1 ? std::nan("") : -HUGE_VAL;
+    recs.push_back(r);
+  }
+  write_rank_record(f.dir, 1, f.plan.dp_rank_of(1), recs, f.nonce);
+  EXPECT_NE(read_text_file(f.dir + "/rank1.json").find("\"loss_sum\": \"nan\""), std::string::npos);
+  const auto run = f.read();
+  EXPECT_TRUE(std::isnan(run[1].ranks[1].loss_sum));
+  EXPECT_EQ(run[0].ranks[1].loss_sum, -HUGE_VAL);
+  const std::string e = f.error_after("rank1.json", "\"nan\"", "\"NaN?\"");
+  EXPECT_NE(e.find("field 'loss_sum' must be a number (or \"nan\", \"inf\", \"-inf\"), got \"NaN?\""),
+            std::string::npos)
+      << e;
 }

@@ -362,6 +362,20 @@ def _atomic_write(path: str, write):
     os.replace(tmp, path)
 
 
+def measured(x):
+    """A loss or loss sum as the protocol writes it: the number, or the string "nan", "inf" or
+    "-inf" when it is not finite (a training finding gradcert reports, NOTE [non-finite values];
+    JSON has no NaN). None stays None (not exposed)."""
+    if x is None:
+        return None
+    x = float(x)
+    if x != x:
+        return "nan"
+    if x in (float("inf"), float("-inf")):
+        return "inf" if x > 0 else "-inf"
+    return x
+
+
 def write_json(path: str, obj):
     def w(tmp):
         with open(tmp, "w") as f:
@@ -523,7 +537,7 @@ class ArtifactWriter:
         # Written as given: gradcert refuses 3.0 or True where an id or a count belongs.
         # targets_r None: no per-rank count (the key is left out); loss / N None: the stack
         # exposes no such figure (JSON null: gradcert skips the check for that update).
-        rec = {"update": update, "consumed": consumed, "loss_sum": loss_sum_r}
+        rec = {"update": update, "consumed": consumed, "loss_sum": measured(loss_sum_r)}
         if targets_r is not None:
             rec["valid_targets"] = targets_r
         if replicas:  # see NOTE [replica digests]: what this rank holds whole, after the step
@@ -541,7 +555,7 @@ class ArtifactWriter:
         elif self.rank == 0:
             write_tensors(os.path.join(self.out, gname), grads, self.dtype, update)
             write_tensors(os.path.join(self.out, pname), params, self.dtype, update)
-        entry = {"update": update, "loss": loss, "valid_targets": N, "step_seconds": step_seconds,
+        entry = {"update": update, "loss": measured(loss), "valid_targets": N, "step_seconds": step_seconds,
                  "grads": gname, "params": pname}
         entry.update(extra or {})
         self.manifest_updates.append(entry)

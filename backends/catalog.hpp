@@ -14,7 +14,7 @@ namespace gradcert {
 /// One topology certify runs a strategy at (world = dp x tp x pp).
 struct CertifyTopology {
   int world = 1, tp = 1, pp = 1;
-  std::string schedule;  ///< pp only: overrides pipeline.schedule ("" keeps the spec's)
+  std::string schedule{};  ///< pp only: overrides pipeline.schedule ("" keeps the spec's)
 };
 
 /// NOTE [strategy descriptor] A built-in strategy's self-description, filled field by field by

@@ -24,12 +24,6 @@ std::string loss_text(double x) {
   return b;
 }
 
-std::string seconds(double s) {
-  char b[32];
-  std::snprintf(b, sizeof b, s < 0.1 ? "%.4f" : "%.3f", s);
-  return b;
-}
-
 std::string mib(double bytes) { return human_bytes(bytes); }
 
 }  // namespace

@@ -60,7 +60,7 @@ DType dtype_of(torch::ScalarType t) {
 
 // The window's gradient: every example in one batch (pieces = false), or one backward per
 // (DP rank, microstep) slot of S_{r,a} / N (pieces = true).
-Evaluation evaluate(const Spec& spec, TinyLM& model, const Window& w, bool pieces, torch::ScalarType dtype) {
+Evaluation evaluate(const Spec& spec, TinyLM& model, const Window& w, bool pieces) {
   Evaluation e;
   model->zero_grad(/*set_to_none=*/true);
   if (!pieces) {
@@ -218,7 +218,7 @@ struct Stepper {
     masters.clear();  // bfloat16: the master starts from the stack's (bf16) weights
   }
   Evaluation evaluate_at(const Spec& spec, const Window& w) {
-    return evaluate(spec, model, w, route.pieces, route.dtype);
+    return evaluate(spec, model, w, route.pieces);  // the model computes in route.dtype
   }
   void step(const Spec& spec, const Window& w) { step_all(spec, w.update, model, slots, masters, route.dtype); }
 
